@@ -1,0 +1,1 @@
+//! Test support: an in-process Kubernetes API server stand-in speaking real REST + watch

@@ -1,0 +1,1 @@
+//! Test support: starts a private containerd, imports local images, CRI client helpers

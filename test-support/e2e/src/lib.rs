@@ -1,0 +1,1 @@
+//! End-to-end tests across the stand-ins, containerd and steward

@@ -1,0 +1,1 @@
+//! Test support: a kubelet stand-in (device manager, checkpoint, podresources v1)
