@@ -10,7 +10,19 @@ pub mod discovery;
 
 /// A point in time in milliseconds, supplied by the caller (monotonic or
 /// wall-clock: the core only compares and subtracts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct Millis(pub u64);
 
 impl Millis {

@@ -2,8 +2,36 @@
 //! identities the agent derives from it.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+pub mod instances;
+pub mod registry;
+pub mod validate;
+
+/// Identity of a Configuration: the namespaced name of the custom resource
+/// that asks for devices of one discovery handler. Displays as `ns/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ConfigKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ConfigKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 /// A host path mounted into containers that use a device.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -27,7 +55,10 @@ pub struct DeviceSpec {
 }
 
 /// One leaf device as reported by a discovery handler.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// `Ord` compares `id` first, then the remaining fields; it is what makes
+/// conflict resolution in [`instances::merge`] independent of report order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
     /// Identifier unique within the handler's report (e.g. a devnode path or URL).
@@ -59,4 +90,20 @@ pub enum Endpoint {
 pub struct HandlerKey {
     pub name: String,
     pub endpoint: Endpoint,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Embedded => f.write_str("embedded"),
+            Endpoint::Uds(path) => write!(f, "unix:{path}"),
+            Endpoint::Network(addr) => f.write_str(addr),
+        }
+    }
+}
+
+impl fmt::Display for HandlerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.name, self.endpoint)
+    }
 }
