@@ -1,1 +1,714 @@
-//! Test support: starts a private containerd, imports local images, CRI client helpers
+//! Test support: a private containerd with the CRI plugin, local images and
+//! CRI client helpers.
+//!
+//! [`Containerd::from_env_or_start`] either attaches to a running containerd
+//! (env [`SOCK_ENV`]) or starts one with `scripts/containerd.sh` in a
+//! temporary directory and stops it again (processes, mounts, cgroups, CNI
+//! bridge) when dropped. [`Containerd::shared`] does the same but hands out
+//! one instance per test process, so tests running in parallel share it.
+//!
+//! Pods built with [`Containerd::pod_config`] live under the instance's own
+//! cgroup parent, so cleanup never touches anybody else's cgroups.
+//!
+//! The images [`BUSYBOX_IMAGE`] and [`PAUSE_IMAGE`] are built locally by
+//! `scripts/build-images.sh` and imported at start; no registry is needed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use steward_proto::cri::runtime::v1 as cri;
+use steward_proto::cri::runtime::v1::image_service_client::ImageServiceClient;
+use steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+
+/// Workload image: static busybox with applet symlinks in `/bin`; its default
+/// command sleeps until SIGTERM.
+pub const BUSYBOX_IMAGE: &str = "steward.local/busybox:latest";
+/// Sandbox image: sleeps forever, exits on SIGTERM.
+pub const PAUSE_IMAGE: &str = "steward.local/pause:latest";
+/// Use an already running containerd listening on this unix socket.
+pub const SOCK_ENV: &str = "STEWARD_CONTAINERD_SOCK";
+/// Cgroup parent for pods when attaching through [`SOCK_ENV`]
+/// (default [`DEFAULT_EXTERNAL_CGROUP_PARENT`]).
+pub const CGROUP_PARENT_ENV: &str = "STEWARD_CONTAINERD_CGROUP_PARENT";
+/// Cgroup parent used with an external containerd when [`CGROUP_PARENT_ENV`]
+/// is unset.
+pub const DEFAULT_EXTERNAL_CGROUP_PARENT: &str = "/steward-test/external";
+/// Kubernetes namespace written into pod metadata.
+pub const POD_NAMESPACE: &str = "steward-test";
+/// Label carrying the generated pod name.
+pub const POD_LABEL: &str = "steward.test/pod";
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// Running the control script failed before it could report.
+    #[error("running {script}: {source}")]
+    Spawn {
+        /// Script path.
+        script: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The control script exited unsuccessfully.
+    #[error(
+        "`{script} {action}` failed ({status}); is this root with containerd, runc, busybox-static and the CNI plugins installable?\n{stderr}"
+    )]
+    Script {
+        /// Script path.
+        script: PathBuf,
+        /// `start` or `stop`.
+        action: &'static str,
+        /// Exit status.
+        status: std::process::ExitStatus,
+        /// Captured standard error.
+        stderr: String,
+    },
+    /// The start script did not print an expected `KEY=value` line.
+    #[error("containerd.sh start printed no {0} line")]
+    MissingOutput(&'static str),
+    /// The socket named by [`SOCK_ENV`] does not exist.
+    #[error("{SOCK_ENV}={0} does not exist")]
+    NoSocket(PathBuf),
+    /// A temporary directory could not be created.
+    #[error("creating a temporary directory: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// The shared-instance lock was poisoned by a panicking test.
+    #[error("shared containerd lock poisoned")]
+    Poisoned,
+    /// Connecting to the CRI socket failed.
+    #[error("connecting to {path}: {source}")]
+    Connect {
+        /// Socket path.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A CRI call failed.
+    #[error("CRI {call}: {status}")]
+    Cri {
+        /// Name of the RPC.
+        call: &'static str,
+        /// Status returned by the runtime.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// A command run with ExecSync exited non-zero.
+    #[error("exec {cmd:?} in {container_id} exited {exit_code}: {stderr}")]
+    ExecFailed {
+        /// Container the command ran in.
+        container_id: String,
+        /// The command.
+        cmd: Vec<String>,
+        /// Its exit code.
+        exit_code: i32,
+        /// Its standard error.
+        stderr: String,
+    },
+}
+
+impl HarnessError {
+    fn cri(call: &'static str) -> impl FnOnce(tonic::Status) -> Self {
+        move |status| HarnessError::Cri {
+            call,
+            status: Box::new(status),
+        }
+    }
+}
+
+/// A containerd instance with the CRI plugin.
+#[derive(Debug)]
+pub struct Containerd {
+    sock: PathBuf,
+    cgroup_parent: String,
+    owned: Option<Owned>,
+}
+
+/// A containerd started by us; stopped and cleaned up on drop.
+#[derive(Debug)]
+struct Owned {
+    script: PathBuf,
+    state_dir: tempfile::TempDir,
+    pid: Option<u32>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        info!(pid = ?self.pid, "stopping private containerd");
+        match Command::new(&self.script)
+            .arg("stop")
+            .arg(self.state_dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => debug!("containerd stopped"),
+            Ok(out) => warn!(
+                status = %out.status,
+                stderr = %String::from_utf8_lossy(&out.stderr),
+                "containerd.sh stop failed"
+            ),
+            Err(e) => warn!(error = %e, "running containerd.sh stop failed"),
+        }
+    }
+}
+
+static SHARED: Mutex<Weak<Containerd>> = Mutex::new(Weak::new());
+
+impl Containerd {
+    /// Attach to the containerd named by [`SOCK_ENV`], or start a private one
+    /// (root only) that is stopped when the returned value is dropped.
+    pub fn from_env_or_start() -> Result<Self, HarnessError> {
+        if let Some(sock) = std::env::var_os(SOCK_ENV).filter(|s| !s.is_empty()) {
+            let sock = PathBuf::from(sock);
+            if !sock.exists() {
+                return Err(HarnessError::NoSocket(sock));
+            }
+            let cgroup_parent = std::env::var(CGROUP_PARENT_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| DEFAULT_EXTERNAL_CGROUP_PARENT.to_owned());
+            info!(sock = %sock.display(), %cgroup_parent, "using external containerd");
+            return Ok(Self {
+                sock,
+                cgroup_parent,
+                owned: None,
+            });
+        }
+        Self::start()
+    }
+
+    /// Like [`Self::from_env_or_start`], but one instance per process: every
+    /// caller gets the same containerd while any of them holds it.
+    pub fn shared() -> Result<Arc<Self>, HarnessError> {
+        let mut slot = SHARED.lock().map_err(|_| HarnessError::Poisoned)?;
+        if let Some(existing) = slot.upgrade() {
+            return Ok(existing);
+        }
+        let fresh = Arc::new(Self::from_env_or_start()?);
+        *slot = Arc::downgrade(&fresh);
+        Ok(fresh)
+    }
+
+    /// Start a private containerd in a new temporary directory.
+    pub fn start() -> Result<Self, HarnessError> {
+        let script = scripts_dir().join("containerd.sh");
+        let state_dir = tempfile::Builder::new()
+            .prefix("steward-containerd-")
+            .tempdir()
+            .map_err(HarnessError::TempDir)?;
+        info!(state_dir = %state_dir.path().display(), "starting private containerd");
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(state_dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|source| HarnessError::Spawn {
+                script: script.clone(),
+                source,
+            })?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        // From here on, dropping `owned` runs `stop`, also on the error paths
+        // below, so a half-started instance is still cleaned up.
+        let owned = Owned {
+            script: script.clone(),
+            state_dir,
+            pid: parse_var(&stdout, "CONTAINERD_PID").and_then(|p| p.parse().ok()),
+        };
+        if !out.status.success() {
+            return Err(HarnessError::Script {
+                script,
+                action: "start",
+                status: out.status,
+                stderr,
+            });
+        }
+        let sock = parse_var(&stdout, "CONTAINERD_SOCK")
+            .map(PathBuf::from)
+            .ok_or(HarnessError::MissingOutput("CONTAINERD_SOCK"))?;
+        let cgroup_parent = parse_var(&stdout, "CONTAINERD_CGROUP_PARENT")
+            .map(str::to_owned)
+            .ok_or(HarnessError::MissingOutput("CONTAINERD_CGROUP_PARENT"))?;
+        info!(sock = %sock.display(), %cgroup_parent, pid = ?owned.pid, "private containerd running");
+        Ok(Self {
+            sock,
+            cgroup_parent,
+            owned: Some(owned),
+        })
+    }
+
+    /// The CRI (and containerd API) unix socket.
+    pub fn sock(&self) -> &Path {
+        &self.sock
+    }
+
+    /// The cgroup parent all pods of this instance go under, e.g.
+    /// `/steward-test/1a2b3c4d`.
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
+    }
+
+    /// State directory of a containerd we started (None when attached).
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.owned.as_ref().map(|o| o.state_dir.path())
+    }
+
+    /// PID of a containerd we started (None when attached).
+    pub fn pid(&self) -> Option<u32> {
+        self.owned.as_ref().and_then(|o| o.pid)
+    }
+
+    /// Connect CRI clients to this instance.
+    pub async fn client(
+        &self,
+    ) -> Result<(RuntimeServiceClient<Channel>, ImageServiceClient<Channel>), HarnessError> {
+        cri_client(&self.sock).await
+    }
+
+    /// A minimal, uniquely named pod sandbox config under this instance's
+    /// cgroup parent.
+    pub fn pod_config(&self, prefix: &str, network: PodNetwork) -> cri::PodSandboxConfig {
+        pod_sandbox_config(&self.cgroup_parent, prefix, network)
+    }
+}
+
+/// Directory holding `containerd.sh` and `build-images.sh`.
+pub fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+}
+
+fn parse_var<'a>(output: &'a str, key: &str) -> Option<&'a str> {
+    output.lines().find_map(|line| {
+        line.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix('='))
+            .map(str::trim)
+    })
+}
+
+/// CRI runtime and image clients over a unix socket (one shared channel).
+pub async fn cri_client(
+    sock: impl AsRef<Path>,
+) -> Result<(RuntimeServiceClient<Channel>, ImageServiceClient<Channel>), HarnessError> {
+    let path = sock.as_ref().to_path_buf();
+    let connect_err = |source| HarnessError::Connect {
+        path: path.clone(),
+        source,
+    };
+    // The URI is required by the API but unused: the connector dials the socket.
+    let endpoint = Endpoint::try_from("http://[::]:50051").map_err(connect_err)?;
+    let target = path.clone();
+    let channel = endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let p = target.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(p).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(connect_err)?;
+    Ok((
+        RuntimeServiceClient::new(channel.clone()),
+        ImageServiceClient::new(channel),
+    ))
+}
+
+/// Network of a pod sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// Share the node's network namespace; no CNI involved.
+    Host,
+    /// Own network namespace wired up by the runtime's CNI configuration.
+    Pod,
+}
+
+/// A name unique within this machine for the lifetime of the process:
+/// `prefix-<pid>-<counter>-<nanos>` (lower-case, DNS-label sized).
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let prefix: String = prefix
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(30)
+        .collect();
+    format!("{prefix}-{}-{n}-{nanos:x}", std::process::id())
+}
+
+fn namespace_options(network: PodNetwork) -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        network: match network {
+            PodNetwork::Host => cri::NamespaceMode::Node,
+            PodNetwork::Pod => cri::NamespaceMode::Pod,
+        } as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        target_id: String::new(),
+        userns_options: None,
+    }
+}
+
+/// A minimal pod sandbox config: unique name and uid, the given network,
+/// and cgroup parent `<cgroup_parent>/<name>`.
+pub fn pod_sandbox_config(
+    cgroup_parent: &str,
+    prefix: &str,
+    network: PodNetwork,
+) -> cri::PodSandboxConfig {
+    let name = unique_name(prefix);
+    let parent = cgroup_parent.trim_end_matches('/');
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.clone(),
+            uid: format!("uid-{name}"),
+            namespace: POD_NAMESPACE.to_owned(),
+            attempt: 0,
+        }),
+        // A hostname needs a private UTS namespace, which host-network pods
+        // do not get.
+        hostname: match network {
+            PodNetwork::Host => String::new(),
+            PodNetwork::Pod => name.chars().take(63).collect(),
+        },
+        labels: HashMap::from([(POD_LABEL.to_owned(), name.clone())]),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("{parent}/{name}"),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(network)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Builder for a busybox container config.
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    name: String,
+    image: String,
+    command: Vec<String>,
+    cpuset_cpus: Option<String>,
+    memory_limit_bytes: Option<i64>,
+}
+
+impl ContainerSpec {
+    /// A container named `name` running `sleep 3600` in [`BUSYBOX_IMAGE`].
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            image: BUSYBOX_IMAGE.to_owned(),
+            command: vec!["sleep".to_owned(), "3600".to_owned()],
+            cpuset_cpus: None,
+            memory_limit_bytes: None,
+        }
+    }
+
+    /// Replace the command.
+    pub fn command<I, S>(mut self, command: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.command = command.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Replace the image.
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.image = image.into();
+        self
+    }
+
+    /// Pin to CPUs (cpuset list form, e.g. `"0-1"`).
+    pub fn cpuset(mut self, cpus: impl Into<String>) -> Self {
+        self.cpuset_cpus = Some(cpus.into());
+        self
+    }
+
+    /// Limit memory to `bytes`.
+    pub fn memory_limit(mut self, bytes: i64) -> Self {
+        self.memory_limit_bytes = Some(bytes);
+        self
+    }
+
+    /// The resources this spec asks for.
+    pub fn resources(&self) -> cri::LinuxContainerResources {
+        cri::LinuxContainerResources {
+            cpuset_cpus: self.cpuset_cpus.clone().unwrap_or_default(),
+            memory_limit_in_bytes: self.memory_limit_bytes.unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// The CRI container config, with namespace options matching `sandbox`.
+    pub fn build(&self, sandbox: &cri::PodSandboxConfig) -> cri::ContainerConfig {
+        let namespaces = sandbox
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.clone());
+        cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: self.name.clone(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: self.image.clone(),
+                ..Default::default()
+            }),
+            command: self.command.clone(),
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(self.resources()),
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: namespaces,
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// Output of a successful [`exec_sync`].
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    /// Standard output, lossily decoded.
+    pub stdout: String,
+    /// Standard error, lossily decoded.
+    pub stderr: String,
+}
+
+/// Run `cmd` in a container (10 s timeout); error unless it exits 0.
+pub async fn exec_sync(
+    runtime: &mut RuntimeServiceClient<Channel>,
+    container_id: &str,
+    cmd: &[&str],
+) -> Result<ExecOutput, HarnessError> {
+    let cmd: Vec<String> = cmd.iter().map(|s| (*s).to_owned()).collect();
+    let resp = runtime
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: container_id.to_owned(),
+            cmd: cmd.clone(),
+            timeout: 10,
+        })
+        .await
+        .map_err(HarnessError::cri("ExecSync"))?
+        .into_inner();
+    let stdout = String::from_utf8_lossy(&resp.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&resp.stderr).into_owned();
+    if resp.exit_code != 0 {
+        return Err(HarnessError::ExecFailed {
+            container_id: container_id.to_owned(),
+            cmd,
+            exit_code: resp.exit_code,
+            stderr,
+        });
+    }
+    Ok(ExecOutput { stdout, stderr })
+}
+
+/// Run a sandbox, then create and start one container in it. Returns
+/// `(sandbox_id, container_id)`.
+pub async fn run_pod_with_container(
+    runtime: &mut RuntimeServiceClient<Channel>,
+    sandbox: &cri::PodSandboxConfig,
+    container: &ContainerSpec,
+) -> Result<(String, String), HarnessError> {
+    let sandbox_id = runtime
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .map_err(HarnessError::cri("RunPodSandbox"))?
+        .into_inner()
+        .pod_sandbox_id;
+    let created = runtime
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(container.build(sandbox)),
+            sandbox_config: Some(sandbox.clone()),
+        })
+        .await;
+    let container_id = match created {
+        Ok(resp) => resp.into_inner().container_id,
+        Err(status) => {
+            cleanup_logged(runtime, &sandbox_id).await;
+            return Err(HarnessError::cri("CreateContainer")(status));
+        }
+    };
+    if let Err(status) = runtime
+        .start_container(cri::StartContainerRequest {
+            container_id: container_id.clone(),
+        })
+        .await
+    {
+        cleanup_logged(runtime, &sandbox_id).await;
+        return Err(HarnessError::cri("StartContainer")(status));
+    }
+    Ok((sandbox_id, container_id))
+}
+
+async fn cleanup_logged(runtime: &mut RuntimeServiceClient<Channel>, sandbox_id: &str) {
+    if let Err(e) = cleanup_pod(runtime, sandbox_id).await {
+        warn!(%sandbox_id, error = %e, "cleaning up pod failed");
+    }
+}
+
+/// Stop and remove every container of a sandbox, then the sandbox itself.
+/// Succeeds if the sandbox is already gone.
+pub async fn cleanup_pod(
+    runtime: &mut RuntimeServiceClient<Channel>,
+    sandbox_id: &str,
+) -> Result<(), HarnessError> {
+    let containers = runtime
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                pod_sandbox_id: sandbox_id.to_owned(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(HarnessError::cri("ListContainers"))?
+        .into_inner()
+        .containers;
+    for c in containers {
+        debug!(container_id = %c.id, "removing container");
+        runtime
+            .stop_container(cri::StopContainerRequest {
+                container_id: c.id.clone(),
+                timeout: 0,
+            })
+            .await
+            .map_err(HarnessError::cri("StopContainer"))?;
+        runtime
+            .remove_container(cri::RemoveContainerRequest { container_id: c.id })
+            .await
+            .map_err(HarnessError::cri("RemoveContainer"))?;
+    }
+    runtime
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+        })
+        .await
+        .map_err(HarnessError::cri("StopPodSandbox"))?;
+    runtime
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+        })
+        .await
+        .map_err(HarnessError::cri("RemovePodSandbox"))?;
+    Ok(())
+}
+
+/// Host path of a container's cgroup for a v1 `controller` (e.g. `memory`,
+/// `cpuset`), given its pod's cgroup parent, as the runtime lays it out with
+/// the cgroupfs driver: `/sys/fs/cgroup/<controller><parent>/<container_id>`.
+pub fn host_cgroup_dir(controller: &str, pod_cgroup_parent: &str, container_id: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/sys/fs/cgroup/{controller}{}/{container_id}",
+        pod_cgroup_parent.trim_end_matches('/')
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_var_finds_exact_key() {
+        let out = "noise\nCONTAINERD_SOCK_X=no\nCONTAINERD_SOCK=/a/b.sock\nCONTAINERD_PID=7\n";
+        assert_eq!(parse_var(out, "CONTAINERD_SOCK"), Some("/a/b.sock"));
+        assert_eq!(parse_var(out, "CONTAINERD_PID"), Some("7"));
+        assert_eq!(parse_var(out, "CONTAINERD_CGROUP_PARENT"), None);
+    }
+
+    #[test]
+    fn unique_names_differ_and_are_dns_safe() {
+        let a = unique_name("My_Pod");
+        let b = unique_name("My_Pod");
+        assert_ne!(a, b);
+        assert!(a.starts_with("my-pod-"), "{a}");
+        assert!(a.len() <= 63, "{a}");
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn pod_config_nests_cgroup_and_sets_namespaces() {
+        let cfg = pod_sandbox_config("/steward-test/abc/", "p", PodNetwork::Host);
+        let meta = cfg.metadata.clone().unwrap_or_default();
+        let linux = cfg.linux.clone().unwrap_or_default();
+        assert_eq!(
+            linux.cgroup_parent,
+            format!("/steward-test/abc/{}", meta.name)
+        );
+        let ns = linux
+            .security_context
+            .and_then(|s| s.namespace_options)
+            .unwrap_or_default();
+        assert_eq!(ns.network, cri::NamespaceMode::Node as i32);
+        assert_eq!(ns.pid, cri::NamespaceMode::Container as i32);
+        assert_eq!(cfg.labels.get(POD_LABEL), Some(&meta.name));
+
+        let pod = pod_sandbox_config("/x", "p", PodNetwork::Pod);
+        let ns = pod
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options)
+            .unwrap_or_default();
+        assert_eq!(ns.network, cri::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn container_spec_carries_resources_and_namespaces() {
+        let sandbox = pod_sandbox_config("/x", "p", PodNetwork::Host);
+        let cfg = ContainerSpec::new("work")
+            .cpuset("0")
+            .memory_limit(64 << 20)
+            .build(&sandbox);
+        assert_eq!(cfg.command, vec!["sleep", "3600"]);
+        assert_eq!(cfg.image.clone().unwrap_or_default().image, BUSYBOX_IMAGE);
+        let linux = cfg.linux.unwrap_or_default();
+        let res = linux.resources.unwrap_or_default();
+        assert_eq!(res.cpuset_cpus, "0");
+        assert_eq!(res.memory_limit_in_bytes, 67_108_864);
+        let ns = linux
+            .security_context
+            .and_then(|s| s.namespace_options)
+            .unwrap_or_default();
+        assert_eq!(ns.network, cri::NamespaceMode::Node as i32);
+    }
+
+    #[test]
+    fn host_cgroup_dir_layout() {
+        assert_eq!(
+            host_cgroup_dir("memory", "/steward-test/a/pod-1/", "cid"),
+            PathBuf::from("/sys/fs/cgroup/memory/steward-test/a/pod-1/cid")
+        );
+    }
+
+    #[test]
+    fn scripts_are_present() {
+        assert!(scripts_dir().join("containerd.sh").is_file());
+        assert!(scripts_dir().join("build-images.sh").is_file());
+    }
+}
