@@ -1,0 +1,332 @@
+//! `debug-echo`: fake devices for tests and benchmarks.
+//!
+//! Details (YAML):
+//! ```yaml
+//! descriptions: ["foo0", "foo1"]   # one device per description (id = description)
+//! count: 1000                      # optional: also N generated devices `<prefix>-<i>`
+//! prefix: bench                    # optional prefix of generated ids (default `debug-echo`)
+//! availabilityFile: /path/to/file  # optional: content `OFFLINE` = no devices
+//! pollInterval: 200ms              # optional: how often the file is read
+//! shared: true                     # accepted and ignored: see below
+//! ```
+//! Each device has the property `DEBUG_ECHO_DESCRIPTION` = its id. Whether
+//! devices are shared is fixed when the handler is constructed
+//! ([`DebugEcho::new`]); a `shared` key in the details cannot change it and
+//! is only compared (a mismatch is logged).
+//!
+//! Availability: the handler reports all devices while it is available and
+//! an empty list while not. It is unavailable when [`DebugEcho::set_available`]
+//! was called with `false`, or when the availability file's content (trimmed)
+//! is `OFFLINE`; a missing or unreadable file counts as available.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::duration::parse_duration;
+use crate::handlers::parse_details;
+use crate::{Device, DeviceStream, DiscoverRequest, DiscoveryError, DiscoveryHandler};
+
+/// Registered name.
+pub const NAME: &str = "debug-echo";
+/// Property carrying the device's description.
+pub const DESCRIPTION_PROPERTY: &str = "DEBUG_ECHO_DESCRIPTION";
+/// Availability file content that hides all devices.
+pub const OFFLINE: &str = "OFFLINE";
+/// Default prefix of generated device ids.
+pub const DEFAULT_PREFIX: &str = "debug-echo";
+/// Most devices one request may ask for (descriptions + count).
+pub const MAX_DEVICES: usize = 100_000;
+/// Default interval between two reads of the availability file.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(200);
+/// Shortest accepted `pollInterval`.
+pub const MIN_POLL: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Details {
+    #[serde(default)]
+    descriptions: Vec<String>,
+    #[serde(default)]
+    count: Option<usize>,
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    availability_file: Option<PathBuf>,
+    #[serde(default)]
+    poll_interval: Option<String>,
+    #[serde(default)]
+    shared: Option<bool>,
+}
+
+/// The debug-echo handler. Clones share the availability switch.
+#[derive(Debug, Clone)]
+pub struct DebugEcho {
+    shared: bool,
+    available: Arc<watch::Sender<bool>>,
+}
+
+impl Default for DebugEcho {
+    fn default() -> Self {
+        Self::new(false)
+    }
+}
+
+impl DebugEcho {
+    /// A handler whose devices are `shared` (visible from several nodes) or not.
+    /// It starts available.
+    pub fn new(shared: bool) -> Self {
+        let (tx, _rx) = watch::channel(true);
+        Self {
+            shared,
+            available: Arc::new(tx),
+        }
+    }
+
+    /// Programmatic availability switch: `false` makes every open stream of
+    /// this handler report no devices, `true` all of them again.
+    pub fn set_available(&self, available: bool) {
+        self.available.send_replace(available);
+    }
+
+    /// Current state of the programmatic switch.
+    pub fn is_available(&self) -> bool {
+        *self.available.borrow()
+    }
+}
+
+/// The devices `details` describe, in order.
+fn devices(details: &Details) -> Result<Vec<Device>, DiscoveryError> {
+    let count = details.count.unwrap_or(0);
+    let total = details.descriptions.len().saturating_add(count);
+    if total > MAX_DEVICES {
+        return Err(DiscoveryError::InvalidDetails(format!(
+            "{NAME}: {total} devices requested, the limit is {MAX_DEVICES}"
+        )));
+    }
+    let prefix = details.prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
+    if details.prefix.is_some() && count == 0 {
+        return Err(DiscoveryError::InvalidDetails(format!(
+            "{NAME}: prefix is only meaningful with count"
+        )));
+    }
+    if prefix.is_empty() {
+        return Err(DiscoveryError::InvalidDetails(format!(
+            "{NAME}: prefix must not be empty"
+        )));
+    }
+    let mut ids: Vec<String> = details.descriptions.clone();
+    ids.extend((0..count).map(|i| format!("{prefix}-{i}")));
+    let mut seen = BTreeSet::new();
+    for (i, id) in ids.iter().enumerate() {
+        if id.is_empty() {
+            return Err(DiscoveryError::InvalidDetails(format!(
+                "{NAME}: descriptions[{i}] is empty"
+            )));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(DiscoveryError::InvalidDetails(format!(
+                "{NAME}: device id {id:?} appears twice"
+            )));
+        }
+    }
+    Ok(ids
+        .into_iter()
+        .map(|id| Device {
+            properties: BTreeMap::from([(DESCRIPTION_PROPERTY.to_string(), id.clone())]),
+            id,
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+        })
+        .collect())
+}
+
+/// Whether the availability file allows devices.
+async fn file_allows(path: &PathBuf) -> bool {
+    match tokio::fs::read_to_string(path).await {
+        Ok(content) => content.trim() != OFFLINE,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!(path = %path.display(), error = %e, "cannot read availability file, assuming available");
+            }
+            true
+        }
+    }
+}
+
+struct State {
+    devices: Arc<Vec<Device>>,
+    switch: watch::Receiver<bool>,
+    /// Keeps the switch's sender alive as long as the stream.
+    _sender: Arc<watch::Sender<bool>>,
+    file: Option<PathBuf>,
+    poll: Duration,
+    last: Option<bool>,
+}
+
+impl DiscoveryHandler for DebugEcho {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn shared(&self) -> bool {
+        self.shared
+    }
+
+    fn discover(&self, req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
+        let details: Details = parse_details(NAME, &req.details)?;
+        let devices = devices(&details)?;
+        let poll = match &details.poll_interval {
+            None => DEFAULT_POLL,
+            Some(text) => {
+                let d = parse_duration(text).map_err(|e| {
+                    DiscoveryError::InvalidDetails(format!("{NAME}: pollInterval: {e}"))
+                })?;
+                if d < MIN_POLL {
+                    return Err(DiscoveryError::InvalidDetails(format!(
+                        "{NAME}: pollInterval {text} is below the minimum {MIN_POLL:?}"
+                    )));
+                }
+                d
+            }
+        };
+        if let Some(asked) = details.shared
+            && asked != self.shared
+        {
+            tracing::warn!(
+                asked,
+                actual = self.shared,
+                "{NAME}: details ask for shared={asked}, but this handler was registered with shared={}; ignored",
+                self.shared
+            );
+        }
+        tracing::debug!(devices = devices.len(), file = ?details.availability_file, "{NAME}: discovering");
+        let state = State {
+            devices: Arc::new(devices),
+            switch: self.available.subscribe(),
+            _sender: Arc::clone(&self.available),
+            file: details.availability_file,
+            poll,
+            last: None,
+        };
+        let stream = futures::stream::unfold(state, |mut st| async move {
+            loop {
+                let switch_on = *st.switch.borrow_and_update();
+                let available = switch_on
+                    && match &st.file {
+                        Some(path) => file_allows(path).await,
+                        None => true,
+                    };
+                if st.last != Some(available) {
+                    st.last = Some(available);
+                    let list = if available {
+                        st.devices.as_ref().clone()
+                    } else {
+                        Vec::new()
+                    };
+                    return Some((Ok(list), st));
+                }
+                if st.file.is_some() {
+                    tokio::select! {
+                        r = st.switch.changed() => { let _ = r; }
+                        () = tokio::time::sleep(st.poll) => {}
+                    }
+                } else if st.switch.changed().await.is_err() {
+                    // Cannot happen while `_sender` is held; end rather than spin.
+                    return None;
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn discover(h: &DebugEcho, details: &str) -> Result<DeviceStream, DiscoveryError> {
+        h.discover(DiscoverRequest::new(details))
+    }
+
+    #[test]
+    fn malformed_details_are_rejected_at_once() {
+        let h = DebugEcho::new(false);
+        for bad in [
+            "descriptions: [unclosed",
+            "descriptions: 5",
+            "colour: blue",
+            "descriptions: [a, a]",
+            "descriptions: ['']",
+            "count: 100001",
+            "prefix: x",
+            "count: 2\nprefix: ''",
+            "descriptions: [a]\npollInterval: 1ms",
+            "descriptions: [a]\npollInterval: fast",
+        ] {
+            match discover(&h, bad) {
+                Err(DiscoveryError::InvalidDetails(msg)) => assert!(msg.starts_with(NAME), "{msg}"),
+                Err(e) => panic!("{bad:?}: wrong error {e}"),
+                Ok(_) => panic!("{bad:?} accepted"),
+            }
+        }
+        let Err(DiscoveryError::InvalidDetails(msg)) = discover(&h, "colour: blue") else {
+            panic!("accepted");
+        };
+        assert!(msg.contains("unknown field `colour`"), "{msg}");
+    }
+
+    #[test]
+    fn shared_comes_from_construction() {
+        assert!(DebugEcho::new(true).shared());
+        assert!(!DebugEcho::new(false).shared());
+        assert!(!DebugEcho::default().shared());
+    }
+
+    #[tokio::test]
+    async fn reports_descriptions_and_generated_devices() {
+        let h = DebugEcho::new(false);
+        let mut s = discover(&h, "{descriptions: [foo0, foo1], count: 3, prefix: gen}").unwrap();
+        let list = s.next().await.unwrap().unwrap();
+        let ids: Vec<&str> = list.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["foo0", "foo1", "gen-0", "gen-1", "gen-2"]);
+        assert_eq!(
+            list[1]
+                .properties
+                .get(DESCRIPTION_PROPERTY)
+                .map(String::as_str),
+            Some("foo1")
+        );
+        let thousand = discover(&h, "count: 1000")
+            .unwrap()
+            .next()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(thousand.len(), 1000);
+        assert_eq!(thousand[999].id, "debug-echo-999");
+    }
+
+    #[tokio::test]
+    async fn programmatic_switch_toggles_devices() {
+        let h = DebugEcho::new(false);
+        let mut s = discover(&h, "descriptions: [a]").unwrap();
+        assert_eq!(s.next().await.unwrap().unwrap().len(), 1);
+        h.set_available(false);
+        assert!(!h.is_available());
+        let next = tokio::time::timeout(Duration::from_secs(5), s.next())
+            .await
+            .unwrap();
+        assert!(next.unwrap().unwrap().is_empty());
+        h.set_available(true);
+        let next = tokio::time::timeout(Duration::from_secs(5), s.next())
+            .await
+            .unwrap();
+        assert_eq!(next.unwrap().unwrap().len(), 1);
+    }
+}
