@@ -1,1 +1,185 @@
-//! steward-agent
+//! steward-agent: the node agent's discovery half.
+//!
+//! [`run`] serves the discovery-handler Registration service on a unix
+//! socket, keeps the handler registry (persisted in the node's embedded store
+//! so registrations survive a restart), watches Configurations (Kubernetes or
+//! a standalone YAML file), runs discovery for every handler/Configuration
+//! pair, validates what handlers report and writes Instances through an
+//! [`InstanceStore`] (Kubernetes custom resources or the embedded store).
+
+mod config;
+mod controller;
+mod discovery;
+mod error;
+pub mod metrics;
+mod nodes;
+pub mod source;
+pub mod state;
+pub mod status;
+pub mod store;
+
+use std::future::Future;
+
+pub use config::{AgentConfig, AgentTimings, Mode, embedded_handlers};
+pub use error::{AgentError, SourceError, StateError, StoreError};
+pub use metrics::AgentMetrics;
+pub use state::NodeStore;
+pub use store::{InstanceStore, KubeInstanceStore, LocalInstanceStore, OpContext};
+
+use steward_core::discovery::registry::Registry;
+use tokio::sync::{mpsc, watch};
+
+use controller::{Controller, ControllerParts, Inputs};
+
+/// Run the agent's discovery until `shutdown` resolves.
+pub async fn run(
+    cfg: AgentConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AgentError> {
+    cfg.check()?;
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|source| AgentError::StateDir {
+        path: cfg.state_dir.clone(),
+        source,
+    })?;
+    if let Some(parent) = cfg.registration_socket.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| AgentError::StateDir {
+            path: parent.to_owned(),
+            source,
+        })?;
+    }
+    let state = NodeStore::open(&cfg.state_dir)?;
+    let metrics = cfg.metrics.clone().unwrap_or_default();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let (reg_tx, reg_rx) = mpsc::channel(64);
+    let (cfg_tx, cfg_rx) = mpsc::channel(64);
+    let (node_tx, node_rx) = mpsc::channel(64);
+    let inputs = Inputs {
+        registrations: reg_rx,
+        configs: cfg_rx,
+        nodes_gone: node_rx,
+    };
+
+    let mut background = Vec::new();
+    let (status, kube_store) = match &cfg.mode {
+        Mode::Kubernetes(client) => {
+            background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
+            background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+            (
+                Some(status::StatusWriter::new(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                )),
+                Some(KubeInstanceStore::new(client.clone())),
+            )
+        }
+        Mode::Standalone {
+            configurations_file,
+        } => {
+            drop(node_tx);
+            background.push(tokio::spawn(source::file_source(
+                configurations_file.clone(),
+                cfg.timings.file_poll_interval,
+                cfg_tx,
+            )));
+            (None, None)
+        }
+    };
+
+    let server = tokio::spawn(steward_discovery::registration::serve(
+        cfg.registration_socket.clone(),
+        reg_tx,
+        stop(stop_rx.clone()),
+    ));
+
+    let registry = Registry::new(cfg.registry);
+    let (result, server) = match kube_store {
+        Some(store) => {
+            drive(
+                &cfg, store, registry, state, metrics, status, inputs, shutdown, server,
+            )
+            .await
+        }
+        None => {
+            let store = LocalInstanceStore::new(state.clone());
+            drive(
+                &cfg, store, registry, state, metrics, status, inputs, shutdown, server,
+            )
+            .await
+        }
+    };
+
+    let _ = stop_tx.send(true);
+    for task in background {
+        task.abort();
+    }
+    if let Some(server) = server {
+        match server.await {
+            Ok(Err(e)) if result.is_ok() => return Err(AgentError::Registration(e)),
+            Err(e) if result.is_ok() => {
+                return Err(AgentError::Task {
+                    task: "registration server",
+                    message: e.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    result
+}
+
+type ServerHandle = tokio::task::JoinHandle<Result<(), steward_discovery::DiscoveryError>>;
+
+/// Run the discovery loop until shutdown, or until the registration server
+/// fails. Returns the server handle if it is still running.
+#[allow(clippy::too_many_arguments)]
+async fn drive<S: InstanceStore>(
+    cfg: &AgentConfig,
+    store: S,
+    registry: Registry,
+    state: NodeStore,
+    metrics: AgentMetrics,
+    status: Option<status::StatusWriter>,
+    inputs: Inputs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    mut server: ServerHandle,
+) -> (Result<(), AgentError>, Option<ServerHandle>) {
+    let mut controller = Controller::new(ControllerParts {
+        node: cfg.node_name.clone(),
+        store,
+        registry,
+        state,
+        metrics,
+        embedded: cfg.embedded_handlers.clone(),
+        client_opts: cfg.client.clone(),
+        timings: cfg.timings,
+        status,
+    });
+    if let Err(e) = controller.restore().await {
+        return (Err(e), Some(server));
+    }
+    tracing::info!(node = %cfg.node_name, socket = %cfg.registration_socket.display(), mode = ?cfg.mode, "agent discovery started");
+    let run = controller.run(inputs, shutdown);
+    tokio::pin!(run);
+    tokio::select! {
+        () = &mut run => (Ok(()), Some(server)),
+        outcome = &mut server => {
+            let err = match outcome {
+                Ok(Err(e)) => AgentError::Registration(e),
+                Ok(Ok(())) => AgentError::Task {
+                    task: "registration server",
+                    message: "stopped unexpectedly".into(),
+                },
+                Err(e) => AgentError::Task {
+                    task: "registration server",
+                    message: e.to_string(),
+                },
+            };
+            tracing::error!(error = %err, "agent stopping");
+            (Err(err), None)
+        }
+    }
+}

@@ -1,1 +1,139 @@
-//! steward-api
+//! steward's Kubernetes API types: the `Configuration` and `Instance` custom
+//! resources (group `steward.dev`, version `v1alpha1`), their CRDs, and the
+//! conversions between them and the pure core's discovery types.
+
+mod configuration;
+mod convert;
+mod instance;
+
+pub use configuration::*;
+pub use convert::*;
+pub use instance::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// API group of every steward resource.
+pub const GROUP: &str = "steward.dev";
+/// The version served and stored.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of steward resources.
+pub const API_VERSION: &str = "steward.dev/v1alpha1";
+
+/// Errors producing CRD manifests.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    #[error("serializing CustomResourceDefinition {name} to YAML: {source}")]
+    Yaml {
+        name: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+}
+
+/// Every CustomResourceDefinition steward installs.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![Configuration::crd(), Instance::crd()]
+}
+
+/// [`crds`] as one multi-document YAML stream (what `steward crds` prints).
+pub fn crds_yaml() -> Result<String, CrdError> {
+    let mut out = String::new();
+    for crd in crds() {
+        let doc = serde_yaml::to_string(&crd).map_err(|source| CrdError::Yaml {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            source,
+        })?;
+        out.push_str("---\n");
+        out.push_str(&doc);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed manifest, relative to this crate.
+    const COMMITTED: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/crds/steward.dev.yaml"
+    );
+
+    #[test]
+    fn committed_crds_match_the_types() {
+        let generated = crds_yaml().unwrap();
+        if std::env::var_os("STEWARD_BLESS_CRDS").is_some() {
+            std::fs::write(COMMITTED, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(COMMITTED).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "deploy/crds/steward.dev.yaml is out of sync with the steward-api types: \
+             run `steward crds > deploy/crds/steward.dev.yaml`"
+        );
+    }
+
+    #[test]
+    fn yaml_parses_back_into_the_same_crds() {
+        let yaml = crds_yaml().unwrap();
+        let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&yaml)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        assert_eq!(docs, crds());
+        let names: Vec<_> = docs
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["configurations.steward.dev", "instances.steward.dev"]
+        );
+        for crd in &docs {
+            let v = &crd.spec.versions[0];
+            assert_eq!(v.name, VERSION);
+            assert!(v.subresources.as_ref().unwrap().status.is_some());
+            assert_eq!(crd.spec.scope, "Namespaced");
+        }
+    }
+
+    #[test]
+    fn schema_carries_bounds_defaults_and_cel_rules() {
+        let json = serde_json::to_value(Configuration::crd()).unwrap();
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        assert_eq!(spec["capacity"]["minimum"], 1.0);
+        assert_eq!(spec["capacity"]["maximum"], 1024.0);
+        assert_eq!(spec["capacity"]["default"], 1);
+        assert_eq!(spec["allowedHostPaths"]["default"][0], "/dev/");
+        let prop = &spec["discoveryHandler"]["properties"]["discoveryProperties"]["items"];
+        assert_eq!(
+            prop["x-kubernetes-validations"][0]["rule"],
+            "has(self.value) != has(self.valueFrom)"
+        );
+        let inst = serde_json::to_value(Instance::crd()).unwrap();
+        let nodes = &inst["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["nodes"];
+        assert_eq!(nodes["x-kubernetes-list-type"], "set");
+        assert_eq!(
+            Configuration::crd().spec.names.short_names.unwrap(),
+            ["scfg"]
+        );
+        assert_eq!(Instance::crd().spec.names.short_names.unwrap(), ["sinst"]);
+    }
+
+    #[test]
+    fn minimal_configuration_gets_defaults() {
+        let c: Configuration = serde_yaml::from_str(
+            "apiVersion: steward.dev/v1alpha1\nkind: Configuration\nmetadata: {name: a, namespace: b}\nspec:\n  discoveryHandler: {name: debug-echo}\n",
+        )
+        .unwrap();
+        assert_eq!(c.spec.capacity, DEFAULT_CAPACITY);
+        assert_eq!(c.spec.max_devices, DEFAULT_MAX_DEVICES);
+        assert_eq!(
+            c.spec.allowed_host_paths,
+            vec![DEFAULT_ALLOWED_HOST_PATH.to_string()]
+        );
+        assert!(c.spec.discovery_handler.details.is_empty());
+    }
+}

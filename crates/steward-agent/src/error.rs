@@ -1,0 +1,87 @@
+//! Errors of the agent.
+
+use std::path::PathBuf;
+
+/// Errors that stop the agent (or one of its adapters).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid agent configuration: {0}")]
+    Config(String),
+    #[error("creating state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node state store: {0}")]
+    State(#[from] StateError),
+    #[error("instance store: {0}")]
+    Store(#[from] StoreError),
+    #[error("discovery handler registration server: {0}")]
+    Registration(#[source] steward_discovery::DiscoveryError),
+    #[error("configuration source: {0}")]
+    Source(#[from] SourceError),
+    #[error("agent task {task} failed: {message}")]
+    Task { task: &'static str, message: String },
+}
+
+/// Errors of the embedded (redb) node store.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("opening {path}: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("{op}: {message}")]
+    Db { op: &'static str, message: String },
+    #[error("encoding {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl StateError {
+    pub(crate) fn db(op: &'static str, e: impl std::fmt::Display) -> Self {
+        StateError::Db {
+            op,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Errors of an [`crate::InstanceStore`].
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The stored state moved since it was read (409, already exists, gone):
+    /// re-read and plan again.
+    #[error("instance {name}: conflicting concurrent change ({detail})")]
+    Conflict { name: String, detail: String },
+    #[error("instance API request {op} {name}: {source}")]
+    Api {
+        op: &'static str,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("converting instance: {0}")]
+    Convert(#[from] steward_api::ConversionError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("instance store gave up after {attempts} conflicting attempts for {config}")]
+    TooManyConflicts { config: String, attempts: u32 },
+}
+
+/// Errors reading Configurations.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("reading configurations file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing configurations file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("resolving discovery property {property}: {message}")]
+    Property { property: String, message: String },
+}

@@ -1,0 +1,105 @@
+//! The agent's metrics. The caller owns the registry and passes it in
+//! explicitly; nothing is registered globally.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Label set: ordered `(name, value)` pairs.
+pub type Labels = Vec<(String, String)>;
+
+/// Handles to the agent's metric families (cheap to clone; clones share values).
+#[derive(Clone, Debug, Default)]
+pub struct AgentMetrics {
+    /// `steward_discovery_rejected_devices_total{configuration,reason}`
+    pub rejected_devices: Family<Labels, Counter>,
+    /// `steward_discovery_handlers{state}`: registered handlers by state.
+    pub handlers: Family<Labels, Gauge>,
+    /// `steward_discovery_instances{configuration}`: Instances of a
+    /// Configuration that list this node.
+    pub instances: Family<Labels, Gauge>,
+    /// `steward_discovery_instance_writes_total{op}`
+    pub instance_writes: Family<Labels, Counter>,
+    /// `steward_discovery_instance_conflicts_total`
+    pub instance_conflicts: Counter,
+    /// `steward_discovery_handler_connections_lost_total{handler}`
+    pub connections_lost: Family<Labels, Counter>,
+}
+
+impl AgentMetrics {
+    /// New metrics registered into `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "steward_discovery_rejected_devices",
+            "Devices reported by discovery handlers and rejected by validation",
+            m.rejected_devices.clone(),
+        );
+        registry.register(
+            "steward_discovery_handlers",
+            "Registered discovery handlers by state",
+            m.handlers.clone(),
+        );
+        registry.register(
+            "steward_discovery_instances",
+            "Instances of a Configuration that list this node",
+            m.instances.clone(),
+        );
+        registry.register(
+            "steward_discovery_instance_writes",
+            "Instance writes by operation",
+            m.instance_writes.clone(),
+        );
+        registry.register(
+            "steward_discovery_instance_conflicts",
+            "Instance writes that met a concurrent change and were planned again",
+            m.instance_conflicts.clone(),
+        );
+        registry.register(
+            "steward_discovery_handler_connections_lost",
+            "Discovery streams that failed or broke, by handler name",
+            m.connections_lost.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn rejected(&self, configuration: &str, reason: &str) {
+        self.rejected_devices
+            .get_or_create(&vec![
+                ("configuration".into(), configuration.into()),
+                ("reason".into(), reason.into()),
+            ])
+            .inc();
+    }
+
+    pub(crate) fn write(&self, op: &str) {
+        self.instance_writes
+            .get_or_create(&vec![("op".into(), op.into())])
+            .inc();
+    }
+
+    pub(crate) fn lost(&self, handler: &str) {
+        self.connections_lost
+            .get_or_create(&vec![("handler".into(), handler.into())])
+            .inc();
+    }
+
+    pub(crate) fn set_instances(&self, configuration: &str, n: usize) {
+        self.instances
+            .get_or_create(&vec![("configuration".into(), configuration.into())])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_handlers(&self, waiting: usize, active: usize, offline: usize) {
+        for (state, n) in [
+            ("Waiting", waiting),
+            ("Active", active),
+            ("Offline", offline),
+        ] {
+            self.handlers
+                .get_or_create(&vec![("state".into(), state.into())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The node's embedded store (a redb file in the state directory): persisted
+//! handler registrations and, in standalone mode, the Instances.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use steward_api::Instance;
+use steward_core::discovery::HandlerKey;
+
+use crate::error::StateError;
+
+/// File name of the store inside the state directory.
+pub const STATE_FILE: &str = "steward.redb";
+
+/// Registrations: JSON-encoded [`HandlerKey`] → shared flag.
+const REGISTRATIONS: TableDefinition<&str, bool> = TableDefinition::new("discovery_registrations");
+/// Standalone Instances: `namespace/name` → JSON-encoded [`Instance`].
+const INSTANCES: TableDefinition<&str, &str> = TableDefinition::new("instances");
+
+/// Handle to the node store; clones share one open database.
+#[derive(Clone, Debug)]
+pub struct NodeStore {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl NodeStore {
+    /// Open (or create) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        let path = dir.join(STATE_FILE);
+        let db = Database::create(&path).map_err(|e| StateError::Open {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let txn = db
+            .begin_write()
+            .map_err(|e| StateError::db("begin write", e))?;
+        txn.open_table(REGISTRATIONS)
+            .map_err(|e| StateError::db("open registrations table", e))?;
+        txn.open_table(INSTANCES)
+            .map_err(|e| StateError::db("open instances table", e))?;
+        txn.commit().map_err(|e| StateError::db("commit", e))?;
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
+    /// Path of the store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Persisted registrations, in key order. Undecodable entries are skipped with a warning.
+    pub fn registrations(&self) -> Result<Vec<(HandlerKey, bool)>, StateError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StateError::db("begin read", e))?;
+        let table = txn
+            .open_table(REGISTRATIONS)
+            .map_err(|e| StateError::db("open registrations table", e))?;
+        let mut out = Vec::new();
+        for entry in table
+            .iter()
+            .map_err(|e| StateError::db("iterate registrations", e))?
+        {
+            let (k, v) = entry.map_err(|e| StateError::db("read registration", e))?;
+            match serde_json::from_str::<HandlerKey>(k.value()) {
+                Ok(key) => out.push((key, v.value())),
+                Err(e) => {
+                    tracing::warn!(entry = k.value(), error = %e, "skipping undecodable persisted registration")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Persist a registration (replacing an earlier one for the same key).
+    pub fn put_registration(&self, key: &HandlerKey, shared: bool) -> Result<(), StateError> {
+        let k = encode_key(key)?;
+        self.write(|txn| {
+            let mut t = txn.open_table(REGISTRATIONS)?;
+            t.insert(k.as_str(), shared)?;
+            Ok(())
+        })
+    }
+
+    /// Forget a registration.
+    pub fn remove_registration(&self, key: &HandlerKey) -> Result<(), StateError> {
+        let k = encode_key(key)?;
+        self.write(|txn| {
+            let mut t = txn.open_table(REGISTRATIONS)?;
+            t.remove(k.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Every stored Instance, in `namespace/name` order.
+    pub fn instances(&self) -> Result<Vec<Instance>, StateError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StateError::db("begin read", e))?;
+        let table = txn
+            .open_table(INSTANCES)
+            .map_err(|e| StateError::db("open instances table", e))?;
+        let mut out = Vec::new();
+        for entry in table
+            .iter()
+            .map_err(|e| StateError::db("iterate instances", e))?
+        {
+            let (k, v) = entry.map_err(|e| StateError::db("read instance", e))?;
+            match serde_json::from_str::<Instance>(v.value()) {
+                Ok(inst) => out.push(inst),
+                Err(e) => {
+                    tracing::warn!(entry = k.value(), error = %e, "skipping undecodable stored instance")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Store (create or replace) an Instance.
+    pub fn put_instance(&self, instance: &Instance) -> Result<(), StateError> {
+        let k = instance_key(
+            instance.metadata.namespace.as_deref().unwrap_or_default(),
+            instance.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let v = serde_json::to_string(instance).map_err(|source| StateError::Encode {
+            what: "instance",
+            source,
+        })?;
+        self.write(|txn| {
+            let mut t = txn.open_table(INSTANCES)?;
+            t.insert(k.as_str(), v.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Remove an Instance; no-op if absent.
+    pub fn remove_instance(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        let k = instance_key(namespace, name);
+        self.write(|txn| {
+            let mut t = txn.open_table(INSTANCES)?;
+            t.remove(k.as_str())?;
+            Ok(())
+        })
+    }
+
+    fn write(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), StateError> {
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| StateError::db("begin write", e))?;
+        f(&txn).map_err(|e| StateError::db("write", e))?;
+        txn.commit().map_err(|e| StateError::db("commit", e))
+    }
+}
+
+fn encode_key(key: &HandlerKey) -> Result<String, StateError> {
+    serde_json::to_string(key).map_err(|source| StateError::Encode {
+        what: "handler key",
+        source,
+    })
+}
+
+fn instance_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steward_core::discovery::Endpoint;
+
+    #[test]
+    fn registrations_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = HandlerKey {
+            name: "debug-echo".into(),
+            endpoint: Endpoint::Uds("/tmp/x.sock".into()),
+        };
+        let b = HandlerKey {
+            name: "udev".into(),
+            endpoint: Endpoint::Network("http://127.0.0.1:1".into()),
+        };
+        {
+            let s = NodeStore::open(dir.path()).unwrap();
+            s.put_registration(&a, true).unwrap();
+            s.put_registration(&b, false).unwrap();
+            s.remove_registration(&b).unwrap();
+        }
+        let s = NodeStore::open(dir.path()).unwrap();
+        assert_eq!(s.registrations().unwrap(), vec![(a, true)]);
+    }
+}

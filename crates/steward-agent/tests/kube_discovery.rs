@@ -1,0 +1,426 @@
+//! The discovery loop against the API server stand-in, with discovery
+//! handlers served over real unix sockets.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use kube::Api;
+use kube::api::DeleteParams;
+use steward_agent::Mode;
+use steward_api::{CONDITION_DETAILS_VALID, Configuration};
+use steward_discovery::handlers::debug_echo::{DESCRIPTION_PROPERTY, DebugEcho};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+async fn config_status(
+    server: &steward_testing_apiserver::ApiServer,
+    name: &str,
+) -> Option<steward_api::ConfigurationStatus> {
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_handler_yields_instances_that_follow_the_device() {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(test_config(
+        "node-a",
+        dir.path(),
+        Mode::Kubernetes(server.client()),
+    ));
+    let dh = ExternalHandler::start(
+        Arc::new(DebugEcho::new(false)),
+        dir.path().join("echo.sock"),
+        agent.socket.clone(),
+    );
+    let avail = dir.path().join("avail");
+    std::fs::write(&avail, "ONLINE").unwrap();
+    let cfg = create_configuration(&server, &{
+        let mut c = configuration(
+            "cams",
+            "debug-echo",
+            &echo_details(&["foo0", "foo1"], Some(&avail)),
+        );
+        c.spec.capacity = 3;
+        c
+    })
+    .await;
+    let uid = cfg.metadata.uid.clone().unwrap();
+
+    let found = eventually("two instances", WAIT, || async {
+        let i = instances_of(&server, "cams").await;
+        (i.len() == 2).then_some(i)
+    })
+    .await;
+    for (inst, id) in found.iter().zip(["foo0", "foo1"]) {
+        assert_eq!(inst.spec.device_id, id);
+        assert_eq!(inst.spec.nodes, vec!["node-a".to_string()]);
+        assert!(!inst.spec.shared);
+        assert_eq!(inst.spec.capacity, 3);
+        assert_eq!(
+            inst.spec
+                .properties
+                .get(DESCRIPTION_PROPERTY)
+                .map(String::as_str),
+            Some(id)
+        );
+        let name = inst.metadata.name.clone().unwrap();
+        assert_eq!(inst.spec.cdi_name, format!("steward.dev/cams={name}"));
+        let owners = inst.metadata.owner_references.clone().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].uid, uid);
+        assert_eq!(owners[0].kind, "Configuration");
+        assert_eq!(owners[0].controller, Some(true));
+        assert!(inst.status.is_none(), "discovery must never write slots");
+    }
+
+    // Status: handler Active, details valid, two instances.
+    eventually("status shows the active handler", WAIT, || async {
+        let s = config_status(&server, "cams").await?;
+        let ok = s.instances == 2
+            && s.handlers.iter().any(|h| {
+                h.node == "node-a" && h.state == "Active" && h.endpoint.starts_with("unix://")
+            })
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_DETAILS_VALID && c.status == "True");
+        ok.then_some(())
+    })
+    .await;
+
+    // Steady state: no Instance writes at all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stats = server.stats();
+    assert_eq!(
+        stats.writes_for("instances.steward.dev"),
+        0,
+        "instance writes in steady state: {stats:?}"
+    );
+    assert_eq!(stats.total_writes(), 0, "writes in steady state: {stats:?}");
+
+    // The device goes away: its Instances are deleted.
+    std::fs::write(&avail, "OFFLINE").unwrap();
+    eventually("instances deleted", WAIT, || async {
+        instances_of(&server, "cams").await.is_empty().then_some(())
+    })
+    .await;
+    // And come back.
+    std::fs::write(&avail, "ONLINE").unwrap();
+    eventually("instances back", WAIT, || async {
+        (instances_of(&server, "cams").await.len() == 2).then_some(())
+    })
+    .await;
+
+    // Deleting the Configuration removes its Instances.
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    api.delete("cams", &DeleteParams::default()).await.unwrap();
+    eventually("instances gone with the configuration", WAIT, || async {
+        instances_of(&server, "cams").await.is_empty().then_some(())
+    })
+    .await;
+    let text = agent.metrics_text();
+    assert!(
+        text.contains("steward_discovery_instance_writes_total{op=\"create\"} 4"),
+        "{text}"
+    );
+
+    dh.stop().await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_handler_goes_offline_is_removed_and_comes_back() {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(test_config(
+        "node-a",
+        dir.path(),
+        Mode::Kubernetes(server.client()),
+    ));
+    let sock = dir.path().join("echo.sock");
+    let dh = ExternalHandler::start(
+        Arc::new(DebugEcho::new(false)),
+        sock.clone(),
+        agent.socket.clone(),
+    );
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["foo0"], None)),
+    )
+    .await;
+    eventually("instance", WAIT, || async {
+        (instances_of(&server, "cams").await.len() == 1).then_some(())
+    })
+    .await;
+
+    // Kill the handler: Offline, but the Instance stays during the grace period.
+    dh.stop().await;
+    eventually("handler offline in status", WAIT, || async {
+        let s = config_status(&server, "cams").await?;
+        s.handlers
+            .iter()
+            .any(|h| h.state == "Offline")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        instances_of(&server, "cams").await.len(),
+        1,
+        "instance kept during the grace period"
+    );
+    assert!(
+        agent
+            .metrics_text()
+            .contains("steward_discovery_handlers{state=\"Offline\"} 1")
+    );
+
+    // After the grace period the handler is removed and its devices with it.
+    eventually("instance removed after grace", WAIT, || async {
+        instances_of(&server, "cams").await.is_empty().then_some(())
+    })
+    .await;
+    eventually("handler gone from status", WAIT, || async {
+        let s = config_status(&server, "cams").await?;
+        s.handlers.is_empty().then_some(())
+    })
+    .await;
+
+    // The handler comes back and registers again: Active, Instance back.
+    let dh = ExternalHandler::start(Arc::new(DebugEcho::new(false)), sock, agent.socket.clone());
+    eventually("instance back", WAIT, || async {
+        (instances_of(&server, "cams").await.len() == 1).then_some(())
+    })
+    .await;
+    eventually("handler active", WAIT, || async {
+        let s = config_status(&server, "cams").await?;
+        s.handlers.iter().any(|h| h.state == "Active").then_some(())
+    })
+    .await;
+    dh.stop().await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_details_set_a_condition_and_an_event_while_others_go_on() {
+    use k8s_openapi::api::core::v1::Event;
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
+    cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo"]).unwrap();
+    let agent = start_agent(cfg);
+    create_configuration(
+        &server,
+        &configuration("broken", "debug-echo", "descriptions: {not: [a list"),
+    )
+    .await;
+    create_configuration(
+        &server,
+        &configuration("good", "debug-echo", &echo_details(&["ok0"], None)),
+    )
+    .await;
+
+    eventually("good configuration's instance", WAIT, || async {
+        (instances_of(&server, "good").await.len() == 1).then_some(())
+    })
+    .await;
+    let cond = eventually(
+        "DetailsValid=False on the broken configuration",
+        WAIT,
+        || async {
+            let s = config_status(&server, "broken").await?;
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == CONDITION_DETAILS_VALID && c.status == "False")
+        },
+    )
+    .await;
+    assert_eq!(cond.reason, "InvalidDiscoveryDetails");
+    assert!(
+        cond.message.contains("debug-echo"),
+        "message names the handler: {}",
+        cond.message
+    );
+    let events: Api<Event> = Api::namespaced(server.client(), NS);
+    let ev = eventually("InvalidDiscoveryDetails event", WAIT, || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("InvalidDiscoveryDetails"))
+    })
+    .await;
+    assert_eq!(ev.involved_object.name.as_deref(), Some("broken"));
+    assert_eq!(ev.involved_object.kind.as_deref(), Some("Configuration"));
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert!(instances_of(&server, "broken").await.is_empty());
+    // The good configuration is valid and the agent is still alive.
+    let s = config_status(&server, "good").await.unwrap();
+    assert!(
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_DETAILS_VALID && c.status == "True")
+    );
+
+    // Fixing the details makes it work.
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    let mut broken = api.get("broken").await.unwrap();
+    broken.spec.discovery_handler.details = echo_details(&["fixed0"], None);
+    api.replace("broken", &Default::default(), &broken)
+        .await
+        .unwrap();
+    eventually("fixed configuration's instance", WAIT, || async {
+        (instances_of(&server, "broken").await.len() == 1).then_some(())
+    })
+    .await;
+    eventually("DetailsValid=True after the fix", WAIT, || async {
+        let s = config_status(&server, "broken").await?;
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_DETAILS_VALID && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_share_one_instance_and_nodes_stay_exact() {
+    let server = api_server().await;
+    create_node(&server, "node-a").await;
+    create_node(&server, "node-b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_a = start_agent(test_config(
+        "node-a",
+        dir.path(),
+        Mode::Kubernetes(server.client()),
+    ));
+    let agent_b = start_agent(test_config(
+        "node-b",
+        dir.path(),
+        Mode::Kubernetes(server.client()),
+    ));
+    let echo_a = DebugEcho::new(true);
+    let echo_b = DebugEcho::new(true);
+    let dh_a = ExternalHandler::start(
+        Arc::new(echo_a.clone()),
+        dir.path().join("a.sock"),
+        agent_a.socket.clone(),
+    );
+    let dh_b = ExternalHandler::start(
+        Arc::new(echo_b.clone()),
+        dir.path().join("b.sock"),
+        agent_b.socket.clone(),
+    );
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam0"], None)),
+    )
+    .await;
+
+    let nodes = |want: &'static [&'static str]| {
+        let server = server.clone();
+        move || {
+            let server = server.clone();
+            async move {
+                let i = instances_of(&server, "cams").await;
+                (i.len() == 1 && i[0].spec.nodes == want).then_some(i)
+            }
+        }
+    };
+    let both = eventually(
+        "one shared instance on both nodes",
+        WAIT,
+        nodes(&["node-a", "node-b"]),
+    )
+    .await;
+    assert!(both[0].spec.shared);
+
+    // node-b loses sight of the device: only node-b leaves.
+    echo_b.set_available(false);
+    eventually("node-b removed", WAIT, nodes(&["node-a"])).await;
+    echo_b.set_available(true);
+    eventually("node-b back", WAIT, nodes(&["node-a", "node-b"])).await;
+
+    // node-b goes away for good: its agent stops, its Node is deleted, node-a's agent cleans up.
+    dh_b.stop().await;
+    agent_b.stop().await.unwrap();
+    let node_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(server.client());
+    node_api
+        .delete("node-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("deleted node removed from nodes", WAIT, nodes(&["node-a"])).await;
+
+    // The last node leaving deletes the shared instance.
+    echo_a.set_available(false);
+    eventually("instance deleted", WAIT, || async {
+        instances_of(&server, "cams").await.is_empty().then_some(())
+    })
+    .await;
+    dh_a.stop().await;
+    agent_a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_keeps_registrations() {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
+    let agent = start_agent(cfg.clone());
+    // Serve the handler and register it exactly once: it never re-registers.
+    let sock = dir.path().join("echo.sock");
+    let dh = ExternalHandler::serve_only(Arc::new(DebugEcho::new(false)), sock.clone());
+    eventually("agent socket", WAIT, || async {
+        agent.socket.exists().then_some(())
+    })
+    .await;
+    steward_discovery::registration::register(
+        &agent.socket,
+        "debug-echo",
+        &steward_core::discovery::Endpoint::Uds(sock.display().to_string()),
+        false,
+    )
+    .await
+    .unwrap();
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["foo0"], None)),
+    )
+    .await;
+    eventually("instance", WAIT, || async {
+        (instances_of(&server, "cams").await.len() == 1).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+
+    // Restart with the same state directory; the handler does not register again.
+    let agent = start_agent(cfg);
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    let mut c = api.get("cams").await.unwrap();
+    c.spec.discovery_handler.details = echo_details(&["foo0", "foo1"], None);
+    api.replace("cams", &Default::default(), &c).await.unwrap();
+    let found = eventually(
+        "restored handler discovers the new device",
+        WAIT,
+        || async {
+            let i = instances_of(&server, "cams").await;
+            (i.len() == 2).then_some(i)
+        },
+    )
+    .await;
+    assert_eq!(found[1].spec.device_id, "foo1");
+    dh.stop().await;
+    agent.stop().await.unwrap();
+}
