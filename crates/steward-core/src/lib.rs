@@ -6,7 +6,10 @@
 //! Kubernetes API, embedded store, discovery transport) live in other crates
 //! and only call the operations defined here.
 
+pub mod cpu;
 pub mod discovery;
+pub mod ledger;
+pub mod slots;
 
 /// A point in time in milliseconds, supplied by the caller (monotonic or
 /// wall-clock: the core only compares and subtracts).
