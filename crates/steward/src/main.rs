@@ -1,1 +1,142 @@
-fn main() {}
+//! `steward`: the node resource manager's one binary.
+//!
+//! Every long-running role is a subcommand; each is a thin shell around a
+//! library crate, so the same code runs embedded in tests.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+mod agent;
+mod metrics;
+
+#[derive(Debug, Parser)]
+#[command(name = "steward", version, about = "Kubernetes node resource manager")]
+struct Cli {
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info,steward_agent=debug`.
+    #[arg(long, global = true, env = "STEWARD_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent: discovery handlers, Configurations and Instances.
+    Agent(agent::AgentArgs),
+    /// Run a built-in discovery handler as its own process; it registers with the agent.
+    DiscoveryHandler(DiscoveryHandlerArgs),
+    /// Print steward's CustomResourceDefinitions as YAML.
+    Crds,
+    /// Print the Instances kept by a standalone agent's embedded store.
+    Instances(agent::InstancesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct DiscoveryHandlerArgs {
+    /// Handler name: debug-echo, udev or tcp-probe.
+    name: String,
+    /// The agent's registration socket.
+    #[arg(long, env = "STEWARD_REGISTRATION_SOCKET", default_value = agent::DEFAULT_REGISTRATION_SOCKET)]
+    agent_socket: PathBuf,
+    /// Unix socket this handler serves on (default: `<name>-<pid>.sock` beside the agent socket).
+    #[arg(long)]
+    listen: Option<PathBuf>,
+    /// Register as shared (devices visible from several nodes). Defaults to the handler's own choice.
+    #[arg(long)]
+    shared: Option<bool>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("steward: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crds => {
+            let yaml = steward_api::crds_yaml().context("rendering CRDs")?;
+            print!("{yaml}");
+            Ok(())
+        }
+        Command::Instances(args) => agent::print_instances(&args),
+        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
+        Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub(crate) async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops steward");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}
+
+async fn discovery_handler(args: DiscoveryHandlerArgs) -> anyhow::Result<()> {
+    use steward_discovery::handlers::{self, debug_echo};
+    let handler: std::sync::Arc<dyn steward_discovery::DiscoveryHandler> =
+        match (args.name.as_str(), args.shared) {
+            (debug_echo::NAME, Some(shared)) => {
+                std::sync::Arc::new(debug_echo::DebugEcho::new(shared))
+            }
+            (name, Some(_)) => anyhow::bail!(
+                "--shared is only settable for {}; {name} decides itself",
+                debug_echo::NAME
+            ),
+            (name, None) => handlers::by_name(name).with_context(|| {
+                format!(
+                    "unknown discovery handler {name:?} (built-in: {})",
+                    handlers::NAMES.join(", ")
+                )
+            })?,
+        };
+    let listen = match args.listen {
+        Some(p) => p,
+        None => {
+            let dir = args
+                .agent_socket
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            dir.join(format!("{}-{}.sock", args.name, std::process::id()))
+        }
+    };
+    tracing::info!(handler = %args.name, listen = %listen.display(), agent = %args.agent_socket.display(), "serving discovery handler");
+    steward_discovery::server::run_external(handler, listen, args.agent_socket, shutdown_signal())
+        .await
+        .context("discovery handler failed")
+}

@@ -1,0 +1,124 @@
+//! `steward agent` and `steward instances`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use steward_agent::{AgentConfig, AgentMetrics, Mode, NodeStore};
+
+pub const DEFAULT_REGISTRATION_SOCKET: &str = "/var/lib/steward/registration.sock";
+const DEFAULT_STATE_DIR: &str = "/var/lib/steward";
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Run with no API server: Configurations from a file, Instances in the embedded store.
+    #[arg(long, requires = "configurations")]
+    standalone: bool,
+    /// Multi-document YAML of Configurations (standalone mode; reloaded when it changes).
+    #[arg(long)]
+    configurations: Option<PathBuf>,
+    /// This node's name (the Kubernetes Node name).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Directory of the node's embedded store.
+    #[arg(long, env = "STEWARD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Unix socket discovery handlers register on.
+    #[arg(long, env = "STEWARD_REGISTRATION_SOCKET", default_value = DEFAULT_REGISTRATION_SOCKET)]
+    registration_socket: PathBuf,
+    /// Built-in handlers run inside the agent (comma separated; empty for none).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "debug-echo,udev,tcp-probe"
+    )]
+    embedded: Vec<String>,
+    /// How long an Offline discovery handler is kept before it is removed.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    offline_grace: Duration,
+    /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstancesArgs {
+    /// The standalone agent's state directory.
+    #[arg(long, env = "STEWARD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    steward_discovery::duration::parse_duration(s)
+}
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let mode = if args.standalone {
+        let file = args
+            .configurations
+            .context("--standalone needs --configurations FILE")?;
+        Mode::Standalone {
+            configurations_file: file,
+        }
+    } else {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (use --standalone to run without one)")?;
+        Mode::Kubernetes(client)
+    };
+    let mut cfg = AgentConfig::new(
+        args.node_name,
+        args.state_dir,
+        args.registration_socket,
+        mode,
+    );
+    let names: Vec<&str> = args
+        .embedded
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+        .collect();
+    cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
+    cfg.registry.offline_grace_ms =
+        u64::try_from(args.offline_grace.as_millis()).unwrap_or(u64::MAX);
+
+    let mut registry = prometheus_client::registry::Registry::with_prefix("steward");
+    cfg.metrics = Some(AgentMetrics::register(&mut registry));
+    if let Some(addr) = args.metrics_address {
+        crate::metrics::serve(addr, registry).await?;
+    }
+    steward_agent::run(cfg, crate::shutdown_signal())
+        .await
+        .context("agent failed")
+}
+
+pub fn print_instances(args: &InstancesArgs) -> anyhow::Result<()> {
+    let store = NodeStore::open(&args.state_dir)
+        .with_context(|| format!("opening the embedded store in {}", args.state_dir.display()))?;
+    let mut instances = store.instances().context("reading Instances")?;
+    instances.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    println!(
+        "{:<34} {:<16} {:<7} {:<20} {:<28} PROPERTIES",
+        "NAME", "CONFIGURATION", "SHARED", "NODES", "DEVICE"
+    );
+    for inst in &instances {
+        let name = inst.metadata.name.clone().unwrap_or_default();
+        let props: Vec<String> = inst
+            .spec
+            .properties
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "{:<34} {:<16} {:<7} {:<20} {:<28} {}",
+            name,
+            inst.spec.configuration_name,
+            inst.spec.shared,
+            inst.spec.nodes.join(","),
+            inst.spec.device_id,
+            props.join(" ")
+        );
+    }
+    println!("{} instance(s)", instances.len());
+    Ok(())
+}
