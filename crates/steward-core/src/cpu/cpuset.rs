@@ -33,13 +33,15 @@ pub enum CpuSetError {
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CpuSet {
     // Invariant: no trailing zero words, so derived Eq/Hash/Ord are canonical.
-    words: Vec<u64>,
+    words: Words,
 }
 
 impl CpuSet {
     /// The empty set.
     pub fn new() -> CpuSet {
-        CpuSet { words: Vec::new() }
+        CpuSet {
+            words: Words::new(),
+        }
     }
 
     /// Parses the Linux list form: `"0-3,8,10-11"`. Whitespace around
@@ -166,7 +168,7 @@ impl CpuSet {
             (other, self)
         };
         let mut words = long.words.clone();
-        for (w, o) in words.iter_mut().zip(&short.words) {
+        for (w, o) in words.iter_mut().zip(short.words.iter()) {
             *w |= o;
         }
         CpuSet { words }
@@ -177,7 +179,7 @@ impl CpuSet {
         let words = self
             .words
             .iter()
-            .zip(&other.words)
+            .zip(other.words.iter())
             .map(|(a, b)| a & b)
             .collect();
         let mut s = CpuSet { words };
@@ -188,7 +190,7 @@ impl CpuSet {
     /// `self \ other`.
     pub fn difference(&self, other: &CpuSet) -> CpuSet {
         let mut words = self.words.clone();
-        for (w, o) in words.iter_mut().zip(&other.words) {
+        for (w, o) in words.iter_mut().zip(other.words.iter()) {
             *w &= !o;
         }
         let mut s = CpuSet { words };
@@ -201,14 +203,14 @@ impl CpuSet {
         if self.words.len() < other.words.len() {
             self.words.resize(other.words.len(), 0);
         }
-        for (w, o) in self.words.iter_mut().zip(&other.words) {
+        for (w, o) in self.words.iter_mut().zip(other.words.iter()) {
             *w |= o;
         }
     }
 
     /// In-place `self \= other`.
     pub fn difference_with(&mut self, other: &CpuSet) {
-        for (w, o) in self.words.iter_mut().zip(&other.words) {
+        for (w, o) in self.words.iter_mut().zip(other.words.iter()) {
             *w &= !o;
         }
         self.trim();
@@ -218,7 +220,7 @@ impl CpuSet {
     pub fn intersection_len(&self, other: &CpuSet) -> usize {
         self.words
             .iter()
-            .zip(&other.words)
+            .zip(other.words.iter())
             .map(|(a, b)| (a & b).count_ones() as usize)
             .sum()
     }
@@ -344,5 +346,124 @@ impl<'de> serde::Deserialize<'de> for CpuSet {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         CpuSet::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Bitmap words, stored inline up to 256 ids so that cloning the cpusets of
+/// ordinary machines does not allocate.
+#[derive(Clone)]
+struct Words {
+    len: usize,
+    inline: [u64; INLINE],
+    /// All words when `len > INLINE`.
+    heap: Vec<u64>,
+}
+
+const INLINE: usize = 4;
+
+impl Words {
+    fn new() -> Words {
+        Words {
+            len: 0,
+            inline: [0; INLINE],
+            heap: Vec::new(),
+        }
+    }
+
+    fn resize(&mut self, n: usize, fill: u64) {
+        if n <= INLINE {
+            if self.len > INLINE {
+                self.inline.copy_from_slice(&self.heap[..INLINE]);
+                self.heap.clear();
+            }
+            for w in self.inline.iter_mut().take(INLINE).skip(self.len.min(n)) {
+                *w = fill;
+            }
+            // words past n must read as zero when the set grows again
+            for w in self.inline.iter_mut().skip(n) {
+                *w = 0;
+            }
+        } else {
+            if self.len <= INLINE {
+                self.heap.clear();
+                self.heap.extend_from_slice(&self.inline[..self.len]);
+                self.inline = [0; INLINE];
+            }
+            self.heap.resize(n, fill);
+        }
+        self.len = n;
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let last = self[self.len - 1];
+        self.resize(self.len - 1, 0);
+        Some(last)
+    }
+}
+
+impl Default for Words {
+    fn default() -> Self {
+        Words::new()
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        if self.len <= INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        if self.len <= INLINE {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.heap
+        }
+    }
+}
+
+impl FromIterator<u64> for Words {
+    fn from_iter<T: IntoIterator<Item = u64>>(iter: T) -> Self {
+        let mut w = Words::new();
+        for (i, v) in iter.into_iter().enumerate() {
+            w.resize(i + 1, 0);
+            w[i] = v;
+        }
+        w
+    }
+}
+
+impl PartialEq for Words {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Words {}
+
+impl std::hash::Hash for Words {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state)
+    }
+}
+
+impl PartialOrd for Words {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Words {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
     }
 }

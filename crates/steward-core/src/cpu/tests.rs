@@ -110,8 +110,57 @@ fn cpuset_operations() {
     assert_eq!(c, set("0-4"));
 }
 
+#[test]
+fn cpuset_beyond_inline_storage_stays_canonical() {
+    let mut big = set("250-260,1000");
+    assert_eq!(big.len(), 12);
+    assert!(big.contains(1000) && big.contains(256));
+    big.remove(1000);
+    assert_eq!(big, set("250-260"));
+    for i in 256..=260 {
+        big.remove(i);
+    }
+    // back under 256 ids: equal (and hashing equal) to a set built small
+    assert_eq!(big, set("250-255"));
+    let h = |s: &CpuSet| {
+        use std::hash::{Hash, Hasher};
+        let mut st = std::collections::hash_map::DefaultHasher::new();
+        s.hash(&mut st);
+        st.finish()
+    };
+    assert_eq!(h(&big), h(&set("250-255")));
+    assert_eq!(set("0-3").union(&set("300")), set("0-3,300"));
+    assert_eq!(set("0-3,300").intersection(&set("3,300")), set("3,300"));
+    assert_eq!(set("0-3,300").difference(&set("300")), set("0-3"));
+    assert!(set("0-3").is_subset(&set("0-3,300")));
+    assert!(!set("0-3,300").is_subset(&set("0-3")));
+    let mut u = set("1");
+    u.union_with(&set("700"));
+    u.difference_with(&set("700"));
+    assert_eq!(u, set("1"));
+    assert_eq!(CpuSet::range(0, MAX_ID).len(), MAX_ID as usize + 1);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn cpuset_ops_match_btreeset(
+        a in proptest::collection::btree_set(0u32..600, 0..40),
+        b in proptest::collection::btree_set(0u32..600, 0..40),
+    ) {
+        let sa: CpuSet = a.iter().copied().collect();
+        let sb: CpuSet = b.iter().copied().collect();
+        let of = |x: std::collections::BTreeSet<u32>| -> CpuSet { x.into_iter().collect() };
+        prop_assert_eq!(sa.union(&sb), of(a.union(&b).copied().collect()));
+        prop_assert_eq!(sa.intersection(&sb), of(a.intersection(&b).copied().collect()));
+        prop_assert_eq!(sa.difference(&sb), of(a.difference(&b).copied().collect()));
+        prop_assert_eq!(sa.intersection_len(&sb), a.intersection(&b).count());
+        prop_assert_eq!(sa.is_subset(&sb), a.is_subset(&b));
+        let mut m = sa.clone();
+        m.difference_with(&sb);
+        prop_assert_eq!(m, sa.difference(&sb));
+    }
+
     #[test]
     fn cpuset_display_parse_roundtrip(ids in proptest::collection::btree_set(0u32..300, 0..60)) {
         let s: CpuSet = ids.iter().copied().collect();
