@@ -1,0 +1,625 @@
+//! The state cache: pods, containers and their assignments, persisted as a
+//! versioned JSON document with write-to-temp, fsync and atomic rename.
+//!
+//! The cache is not the truth: the runtime is. At start the cache is loaded
+//! and then re-synced against `ListPodSandbox`/`ListContainers`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use steward_core::cpu::{Assignment, ContainerKey, ContainerRequest, CpuSet, Qos};
+use steward_proto::cri::runtime::v1 as cri;
+use tracing::{info, warn};
+
+use crate::error::ResmgrError;
+
+/// Current schema version of the cache file.
+pub const SCHEMA_VERSION: u32 = 1;
+/// File name of the cache inside the state directory.
+pub const CACHE_FILE: &str = "resmgr-cache.json";
+
+/// Lifecycle state of a pod sandbox as far as we know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodState {
+    /// Running.
+    Ready,
+    /// Stopped, not yet removed.
+    NotReady,
+}
+
+/// A pod sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    /// Sandbox id.
+    pub id: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Cgroup parent the kubelet asked for.
+    pub cgroup_parent: String,
+    /// Pod annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Pod labels.
+    pub labels: BTreeMap<String, String>,
+    /// State.
+    pub state: PodState,
+}
+
+impl PodRecord {
+    /// Build from a sandbox config.
+    pub fn from_config(id: &str, cfg: &cri::PodSandboxConfig) -> Self {
+        let meta = cfg.metadata.clone().unwrap_or_default();
+        Self {
+            id: id.to_owned(),
+            uid: meta.uid,
+            name: meta.name,
+            namespace: meta.namespace,
+            cgroup_parent: cfg
+                .linux
+                .as_ref()
+                .map(|l| l.cgroup_parent.clone())
+                .unwrap_or_default(),
+            annotations: cfg
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            labels: cfg
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            state: PodState::Ready,
+        }
+    }
+}
+
+/// Lifecycle state of a container as far as we know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    /// Created, not started.
+    Created,
+    /// Started.
+    Running,
+    /// Exited or stopped; resources released.
+    Exited,
+}
+
+/// The policy request of a container, schema-stable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// QoS class.
+    pub qos: String,
+    /// CPU request.
+    pub cpu_request_milli: u64,
+    /// CPU limit.
+    pub cpu_limit_milli: Option<u64>,
+    /// Memory request.
+    pub memory_request_bytes: u64,
+    /// Memory limit.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+fn qos_str(q: &Qos) -> &'static str {
+    match q {
+        Qos::Guaranteed => "Guaranteed",
+        Qos::Burstable => "Burstable",
+        Qos::BestEffort => "BestEffort",
+    }
+}
+
+impl RequestRecord {
+    /// Record a request.
+    pub fn from_request(r: &ContainerRequest) -> Self {
+        Self {
+            qos: qos_str(&r.qos).to_owned(),
+            cpu_request_milli: r.cpu_request_milli,
+            cpu_limit_milli: r.cpu_limit_milli,
+            memory_request_bytes: r.memory_request_bytes,
+            memory_limit_bytes: r.memory_limit_bytes,
+        }
+    }
+
+    /// Rebuild the policy request for `container` of `pod`.
+    pub fn to_request(&self, pod: &PodRecord, container: &str) -> ContainerRequest {
+        ContainerRequest {
+            key: ContainerKey {
+                pod_uid: pod.uid.clone(),
+                container: container.to_owned(),
+            },
+            pod_namespace: pod.namespace.clone(),
+            pod_name: pod.name.clone(),
+            qos: match self.qos.as_str() {
+                "Guaranteed" => Qos::Guaranteed,
+                "BestEffort" => Qos::BestEffort,
+                _ => Qos::Burstable,
+            },
+            cpu_request_milli: self.cpu_request_milli,
+            cpu_limit_milli: self.cpu_limit_milli,
+            memory_request_bytes: self.memory_request_bytes,
+            memory_limit_bytes: self.memory_limit_bytes,
+            annotations: pod.annotations.clone(),
+        }
+    }
+}
+
+/// An assignment in canonical string form, schema-stable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignmentRecord {
+    /// CPUs.
+    pub cpus: String,
+    /// NUMA memory nodes.
+    pub mems: String,
+    /// Exclusive CPUs.
+    pub exclusive: bool,
+    /// Pool name.
+    pub pool: String,
+}
+
+impl AssignmentRecord {
+    /// Record an assignment.
+    pub fn from_assignment(a: &Assignment) -> Self {
+        Self {
+            cpus: a.cpus.to_string(),
+            mems: a.mems.to_string(),
+            exclusive: a.exclusive,
+            pool: a.pool.clone(),
+        }
+    }
+
+    /// Back to the policy type.
+    pub fn to_assignment(&self) -> Result<Assignment, String> {
+        Ok(Assignment {
+            cpus: CpuSet::parse(&self.cpus).map_err(|e| format!("cpus {:?}: {e}", self.cpus))?,
+            mems: CpuSet::parse(&self.mems).map_err(|e| format!("mems {:?}: {e}", self.mems))?,
+            exclusive: self.exclusive,
+            pool: self.pool.clone(),
+        })
+    }
+}
+
+/// The Linux resources the runtime was last told for a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourcesRecord {
+    /// CFS period (µs).
+    pub cpu_period: i64,
+    /// CFS quota (µs).
+    pub cpu_quota: i64,
+    /// CPU shares.
+    pub cpu_shares: i64,
+    /// Memory limit.
+    pub memory_limit_in_bytes: i64,
+    /// OOM score adjustment.
+    pub oom_score_adj: i64,
+    /// CPUs.
+    pub cpuset_cpus: String,
+    /// Memory nodes.
+    pub cpuset_mems: String,
+    /// Hugepage limits: page size -> bytes.
+    pub hugepage_limits: BTreeMap<String, u64>,
+    /// Raw cgroup v2 settings.
+    pub unified: BTreeMap<String, String>,
+    /// Memory + swap limit.
+    pub memory_swap_limit_in_bytes: i64,
+}
+
+impl ResourcesRecord {
+    /// Record CRI resources.
+    pub fn from_cri(r: &cri::LinuxContainerResources) -> Self {
+        Self {
+            cpu_period: r.cpu_period,
+            cpu_quota: r.cpu_quota,
+            cpu_shares: r.cpu_shares,
+            memory_limit_in_bytes: r.memory_limit_in_bytes,
+            oom_score_adj: r.oom_score_adj,
+            cpuset_cpus: r.cpuset_cpus.clone(),
+            cpuset_mems: r.cpuset_mems.clone(),
+            hugepage_limits: r
+                .hugepage_limits
+                .iter()
+                .map(|h| (h.page_size.clone(), h.limit))
+                .collect(),
+            unified: r
+                .unified
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            memory_swap_limit_in_bytes: r.memory_swap_limit_in_bytes,
+        }
+    }
+
+    /// Back to CRI resources.
+    pub fn to_cri(&self) -> cri::LinuxContainerResources {
+        cri::LinuxContainerResources {
+            cpu_period: self.cpu_period,
+            cpu_quota: self.cpu_quota,
+            cpu_shares: self.cpu_shares,
+            memory_limit_in_bytes: self.memory_limit_in_bytes,
+            oom_score_adj: self.oom_score_adj,
+            cpuset_cpus: self.cpuset_cpus.clone(),
+            cpuset_mems: self.cpuset_mems.clone(),
+            hugepage_limits: self
+                .hugepage_limits
+                .iter()
+                .map(|(page_size, limit)| cri::HugepageLimit {
+                    page_size: page_size.clone(),
+                    limit: *limit,
+                })
+                .collect(),
+            unified: self
+                .unified
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            memory_swap_limit_in_bytes: self.memory_swap_limit_in_bytes,
+        }
+    }
+}
+
+/// A container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    /// Container id.
+    pub id: String,
+    /// Sandbox id.
+    pub pod_id: String,
+    /// Container name within the pod.
+    pub name: String,
+    /// Policy request.
+    pub request: RequestRecord,
+    /// Current assignment (None once released).
+    pub assignment: Option<AssignmentRecord>,
+    /// What the kubelet asked for (before the policy's edits).
+    pub kubelet_resources: ResourcesRecord,
+    /// What the runtime was last told.
+    pub resources: ResourcesRecord,
+    /// State.
+    pub state: ContainerState,
+    /// Cgroup path, hierarchy-relative, once known.
+    pub cgroups_path: Option<String>,
+    /// Block I/O class.
+    pub blockio_class: Option<String>,
+    /// RDT class.
+    pub rdt_class: Option<String>,
+    /// Creation order, for deterministic replays.
+    pub seq: u64,
+}
+
+/// The persisted document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheData {
+    /// Schema version.
+    pub version: u32,
+    /// Name of the policy that made the assignments.
+    pub policy: String,
+    /// Next creation sequence number.
+    pub next_seq: u64,
+    /// Pods by sandbox id.
+    pub pods: BTreeMap<String, PodRecord>,
+    /// Containers by container id.
+    pub containers: BTreeMap<String, ContainerRecord>,
+}
+
+impl Default for CacheData {
+    fn default() -> Self {
+        Self {
+            version: SCHEMA_VERSION,
+            policy: String::new(),
+            next_seq: 0,
+            pods: BTreeMap::new(),
+            containers: BTreeMap::new(),
+        }
+    }
+}
+
+/// How the cache came up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// No cache file: empty.
+    Fresh,
+    /// Loaded.
+    Restored,
+    /// A file was there but unusable; it was moved aside and the cache
+    /// starts empty (the re-sync rebuilds it from the runtime).
+    Discarded {
+        /// Why.
+        reason: String,
+        /// Where the old file went.
+        moved_to: PathBuf,
+    },
+}
+
+/// The cache and its file.
+#[derive(Debug)]
+pub struct Cache {
+    path: PathBuf,
+    data: CacheData,
+}
+
+#[derive(Deserialize)]
+struct VersionProbe {
+    version: u32,
+}
+
+impl Cache {
+    /// Load from `dir` (created if missing).
+    pub fn open(dir: &Path) -> Result<(Self, LoadOutcome), ResmgrError> {
+        let path = dir.join(CACHE_FILE);
+        let err = |reason: String| ResmgrError::Cache {
+            path: path.clone(),
+            reason,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| err(format!("creating directory: {e}")))?;
+        let raw = match std::fs::read(&path) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((
+                    Self {
+                        path,
+                        data: CacheData::default(),
+                    },
+                    LoadOutcome::Fresh,
+                ));
+            }
+            Err(e) => return Err(err(format!("reading: {e}"))),
+        };
+        let problem = match serde_json::from_slice::<VersionProbe>(&raw) {
+            Err(e) => format!("not a cache document: {e}"),
+            Ok(p) if p.version != SCHEMA_VERSION => {
+                format!(
+                    "schema version {} (this build reads {SCHEMA_VERSION})",
+                    p.version
+                )
+            }
+            Ok(_) => match serde_json::from_slice::<CacheData>(&raw) {
+                Ok(data) => {
+                    info!(
+                        path = %path.display(),
+                        pods = data.pods.len(),
+                        containers = data.containers.len(),
+                        "cache restored"
+                    );
+                    return Ok((Self { path, data }, LoadOutcome::Restored));
+                }
+                Err(e) => format!("malformed: {e}"),
+            },
+        };
+        let moved_to = path.with_extension(format!(
+            "json.unusable-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default()
+        ));
+        std::fs::rename(&path, &moved_to).map_err(|e| err(format!("moving aside: {e}")))?;
+        warn!(path = %path.display(), %problem, moved_to = %moved_to.display(),
+            "cache unusable; starting empty and rebuilding from the runtime");
+        Ok((
+            Self {
+                path,
+                data: CacheData::default(),
+            },
+            LoadOutcome::Discarded {
+                reason: problem,
+                moved_to,
+            },
+        ))
+    }
+
+    /// File path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Read access.
+    pub fn data(&self) -> &CacheData {
+        &self.data
+    }
+
+    /// Write access; call [`Cache::save`] afterwards.
+    pub fn data_mut(&mut self) -> &mut CacheData {
+        &mut self.data
+    }
+
+    /// Persist: write a temporary file, fsync it, rename it over the cache
+    /// file and fsync the directory, so a crash leaves the old or the new
+    /// document, never a torn one.
+    pub fn save(&self) -> Result<(), ResmgrError> {
+        let err = |reason: String| ResmgrError::Cache {
+            path: self.path.clone(),
+            reason,
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&self.data).map_err(|e| err(format!("encoding: {e}")))?;
+        let tmp = self.path.with_extension("json.tmp");
+        {
+            let mut f =
+                std::fs::File::create(&tmp).map_err(|e| err(format!("creating temp: {e}")))?;
+            f.write_all(&bytes)
+                .map_err(|e| err(format!("writing temp: {e}")))?;
+            f.sync_all().map_err(|e| err(format!("fsync temp: {e}")))?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(|e| err(format!("renaming: {e}")))?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| err(format!("fsync directory: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Next creation sequence number.
+    pub fn next_seq(&mut self) -> u64 {
+        let s = self.data.next_seq;
+        self.data.next_seq += 1;
+        s
+    }
+
+    /// The container ids carrying a key (normally at most one live).
+    pub fn ids_for_key(&self, key: &ContainerKey) -> Vec<String> {
+        self.data
+            .containers
+            .values()
+            .filter(|c| c.name == key.container)
+            .filter(|c| {
+                self.data
+                    .pods
+                    .get(&c.pod_id)
+                    .is_some_and(|p| p.uid == key.pod_uid)
+            })
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// The key of a container.
+    pub fn key_of(&self, container_id: &str) -> Option<ContainerKey> {
+        let c = self.data.containers.get(container_id)?;
+        let p = self.data.pods.get(&c.pod_id)?;
+        Some(ContainerKey {
+            pod_uid: p.uid.clone(),
+            container: c.name.clone(),
+        })
+    }
+
+    /// Requests and assignments of every container holding resources, in
+    /// creation order.
+    pub fn allocated(&self) -> Vec<(String, ContainerRequest, Assignment)> {
+        let mut v: Vec<_> = self
+            .data
+            .containers
+            .values()
+            .filter_map(|c| {
+                let a = c.assignment.as_ref()?.to_assignment().ok()?;
+                let p = self.data.pods.get(&c.pod_id)?;
+                Some((c.seq, c.id.clone(), c.request.to_request(p, &c.name), a))
+            })
+            .collect();
+        v.sort_by_key(|(seq, ..)| *seq);
+        v.into_iter().map(|(_, id, r, a)| (id, r, a)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CacheData {
+        let mut d = CacheData::default();
+        let pod = PodRecord {
+            id: "s1".into(),
+            uid: "u1".into(),
+            name: "p".into(),
+            namespace: "ns".into(),
+            cgroup_parent: "/kubepods/pod1".into(),
+            annotations: BTreeMap::from([("a".into(), "b".into())]),
+            labels: BTreeMap::new(),
+            state: PodState::Ready,
+        };
+        d.pods.insert("s1".into(), pod);
+        d.containers.insert(
+            "c1".into(),
+            ContainerRecord {
+                id: "c1".into(),
+                pod_id: "s1".into(),
+                name: "web".into(),
+                request: RequestRecord {
+                    qos: "Guaranteed".into(),
+                    cpu_request_milli: 1000,
+                    cpu_limit_milli: Some(1000),
+                    memory_request_bytes: 1 << 20,
+                    memory_limit_bytes: Some(1 << 20),
+                },
+                assignment: Some(AssignmentRecord {
+                    cpus: "1".into(),
+                    mems: "0".into(),
+                    exclusive: true,
+                    pool: "exclusive".into(),
+                }),
+                kubelet_resources: ResourcesRecord::default(),
+                resources: ResourcesRecord {
+                    cpuset_cpus: "1".into(),
+                    hugepage_limits: BTreeMap::from([("2MB".into(), 0)]),
+                    ..Default::default()
+                },
+                state: ContainerState::Running,
+                cgroups_path: Some("/kubepods/pod1/c1".into()),
+                blockio_class: None,
+                rdt_class: None,
+                seq: 0,
+            },
+        );
+        d.next_seq = 1;
+        d
+    }
+
+    #[test]
+    fn save_and_reload_roundtrip() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut c, outcome) = Cache::open(t.path()).unwrap();
+        assert_eq!(outcome, LoadOutcome::Fresh);
+        *c.data_mut() = sample();
+        c.save().unwrap();
+        assert!(!t.path().join("resmgr-cache.json.tmp").exists());
+        let (c2, outcome) = Cache::open(t.path()).unwrap();
+        assert_eq!(outcome, LoadOutcome::Restored);
+        assert_eq!(c2.data(), &sample());
+        let key = c2.key_of("c1").unwrap();
+        assert_eq!(key.pod_uid, "u1");
+        assert_eq!(c2.ids_for_key(&key), vec!["c1".to_owned()]);
+        let alloc = c2.allocated();
+        assert_eq!(alloc.len(), 1);
+        assert_eq!(alloc[0].2.cpus.to_string(), "1");
+        assert_eq!(alloc[0].1.qos, Qos::Guaranteed);
+        assert_eq!(
+            alloc[0].1.annotations.get("a").map(String::as_str),
+            Some("b")
+        );
+    }
+
+    #[test]
+    fn torn_or_foreign_files_are_moved_aside() {
+        for content in [
+            "{\"version\": 1, \"pods\": ".to_owned(),
+            "garbage".to_owned(),
+            serde_json::json!({"version": 99, "whatever": true}).to_string(),
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            std::fs::write(t.path().join(CACHE_FILE), &content).unwrap();
+            let (c, outcome) = Cache::open(t.path()).unwrap();
+            let LoadOutcome::Discarded { moved_to, reason } = outcome else {
+                panic!("{content} was accepted");
+            };
+            assert!(moved_to.exists(), "{reason}");
+            assert_eq!(std::fs::read_to_string(&moved_to).unwrap(), content);
+            assert!(c.data().containers.is_empty());
+            // The next save writes a good file again.
+            c.save().unwrap();
+            assert_eq!(Cache::open(t.path()).unwrap().1, LoadOutcome::Restored);
+        }
+    }
+
+    #[test]
+    fn resources_roundtrip_through_cri() {
+        let r = cri::LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            memory_limit_in_bytes: 1 << 26,
+            oom_score_adj: -997,
+            cpuset_cpus: "0-1".into(),
+            cpuset_mems: "0".into(),
+            hugepage_limits: vec![cri::HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 4 << 20,
+            }],
+            unified: [("memory.high".to_owned(), "max".to_owned())].into(),
+            memory_swap_limit_in_bytes: 1 << 26,
+        };
+        assert_eq!(ResourcesRecord::from_cri(&r).to_cri(), r);
+    }
+}

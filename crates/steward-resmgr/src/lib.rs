@@ -1,0 +1,276 @@
+//! steward's CRI resource manager.
+//!
+//! A relaying CRI proxy: it serves `runtime.v1` RuntimeService and
+//! ImageService on a unix socket and relays to the runtime's socket.
+//! `RunPodSandbox`, `StopPodSandbox`, `RemovePodSandbox`, `CreateContainer`,
+//! `StartContainer`, `StopContainer`, `RemoveContainer`,
+//! `UpdateContainerResources` and `ListContainers` are intercepted; every
+//! other call (streaming ones and ones this build does not know included)
+//! is relayed byte for byte by method path.
+//!
+//! Intercepted calls that change allocations run through the request
+//! pipeline, serialized by one lock over the [`cache`] and the CPU/memory
+//! policy; the event pipeline (re-sync, drift, configuration, read-back)
+//! takes the same lock. Relayed calls never wait on it.
+//!
+//! Start it with [`run`], or [`Proxy::start`] to keep a handle (tests).
+
+pub mod cache;
+pub mod cgroups;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod metrics;
+pub mod relay;
+pub mod requests;
+pub mod resmgr;
+pub mod server;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use steward_core::cpu::{PolicyKind, new_policy};
+use steward_proto::cri::runtime::v1 as cri;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use config::{FileConfig, ProxyConfig};
+pub use error::ResmgrError;
+pub use metrics::Metrics;
+pub use resmgr::{
+    ControlReport, Event, PipelineGuard, ResourceManager, ResyncReport, VerifyReport,
+};
+
+/// A running proxy.
+pub struct Proxy {
+    socket: PathBuf,
+    manager: Arc<ResourceManager>,
+    stop: watch::Sender<bool>,
+    server: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+fn choose_policy(
+    cached: &str,
+    has_containers: bool,
+    configured: PolicyKind,
+    allow_switch: bool,
+) -> PolicyKind {
+    let Ok(cached) = cached.parse::<PolicyKind>() else {
+        return configured;
+    };
+    if cached == configured || !has_containers || allow_switch {
+        return configured;
+    }
+    warn!(
+        running = cached.as_str(),
+        configured = configured.as_str(),
+        "the configuration names another policy than the one that placed the running \
+         containers; keeping it (switching needs the explicit allow-policy-switch flag)"
+    );
+    cached
+}
+
+impl Proxy {
+    /// Discover the topology, load the configuration and the cache, re-sync
+    /// with the runtime (when it answers), bind the socket and serve.
+    pub async fn start(cfg: ProxyConfig) -> Result<Proxy, ResmgrError> {
+        let topology = steward_topology::discover(&cfg.sysfs_root)
+            .map_err(|e| ResmgrError::Topology(e.to_string()))?;
+        let (mut file_cfg, file_text) = match &cfg.config_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ResmgrError::Config {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                (FileConfig::parse(&text, path)?, Some(text))
+            }
+            None => (FileConfig::default(), None),
+        };
+        let upstream = relay::Upstream::new(&cfg.runtime, cfg.runtime_timeout)?;
+        let (cache, outcome) = cache::Cache::open(&cfg.state_dir)?;
+        info!(?outcome, path = %cache.path().display(), "cache opened");
+        let kind = choose_policy(
+            &cache.data().policy,
+            !cache.data().containers.is_empty(),
+            file_cfg.policy.active,
+            cfg.allow_policy_switch,
+        );
+        file_cfg.policy.active = kind;
+        let policy = new_policy(kind, &topology, &file_cfg.policy.config)
+            .map_err(|e| ResmgrError::Policy(e.to_string()))?;
+        info!(policy = kind.as_str(), cpus = %topology.online_cpus(), "policy ready");
+        let cgroups: Arc<dyn cgroups::Cgroups> = Arc::from(cgroups::detect(&cfg.cgroup_root));
+        let (events_tx, mut events_rx) = mpsc::channel(256);
+        let manager = Arc::new(ResourceManager::new(
+            cache,
+            policy,
+            topology,
+            file_cfg,
+            upstream.clone(),
+            events_tx,
+            cfg.metrics.clone(),
+            cgroups,
+            &cfg.resctrl_root,
+            cfg.allow_policy_switch,
+        ));
+        manager.startup().await?;
+
+        let listener = server::bind(&cfg.listen).await?;
+        info!(listen = %cfg.listen.display(), runtime = %cfg.runtime.display(), "CRI proxy serving");
+        let (stop, stop_rx) = watch::channel(false);
+        let router = server::Router {
+            upstream: upstream.clone(),
+            resmgr: manager.clone(),
+            metrics: cfg.metrics.clone(),
+        };
+        let server = tokio::spawn(server::serve(listener, router, stop_rx));
+
+        let mut tasks = Vec::new();
+        let (cfg_tx, mut cfg_rx) = mpsc::channel(4);
+        if let Some(path) = cfg.config_file.clone() {
+            tasks.push(tokio::spawn(config::watch(
+                path,
+                file_text,
+                cfg.config_poll,
+                cfg_tx,
+                cfg.metrics.clone(),
+            )));
+        }
+        {
+            let m = manager.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        Some(e) = events_rx.recv() => m.handle(e).await,
+                        Some(c) = cfg_rx.recv() => m.handle(Event::Config(Box::new(c))).await,
+                        else => break,
+                    }
+                }
+            }));
+        }
+        tasks.push(tokio::spawn(monitor(
+            manager.clone(),
+            cfg.runtime_probe,
+            cfg.verify_interval,
+            cfg.metrics.clone(),
+        )));
+        Ok(Proxy {
+            socket: cfg.listen.clone(),
+            manager,
+            stop,
+            server: Some(server),
+            tasks,
+        })
+    }
+
+    /// The socket the proxy serves on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The resource manager (for inspection).
+    pub fn manager(&self) -> &Arc<ResourceManager> {
+        &self.manager
+    }
+
+    /// Stop serving, let in-flight calls finish, persist the cache.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        // In-flight intercepted calls hold the lock; once we get it they are done.
+        let _ = self.manager.snapshot().await;
+        let _ = std::fs::remove_file(&self.socket);
+        info!("CRI proxy stopped");
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(s) = self.server.take() {
+            s.abort();
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Probe the runtime; after an outage re-sync. Periodically read back
+/// cgroups and retry failed updates.
+async fn monitor(
+    manager: Arc<ResourceManager>,
+    probe: Duration,
+    verify: Duration,
+    metrics: Metrics,
+) {
+    let mut tick = tokio::time::interval(probe.max(Duration::from_millis(50)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_verify = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let up = manager.upstream();
+        let mut rt = up.runtime();
+        let ok = tokio::time::timeout(up.timeout(), rt.version(cri::VersionRequest::default()))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        metrics.set_runtime_up(ok);
+        if !ok {
+            up.set_healthy(false);
+            continue;
+        }
+        up.set_healthy(true);
+        if up.take_went_down() {
+            manager.post(Event::Resync("runtime reachable again"));
+        }
+        if !verify.is_zero() && last_verify.elapsed() >= verify {
+            last_verify = tokio::time::Instant::now();
+            manager.post(Event::Rebalance);
+            manager.post(Event::Verify);
+        }
+    }
+}
+
+/// Run the proxy until `shutdown` completes.
+pub async fn run(
+    cfg: ProxyConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ResmgrError> {
+    let proxy = Proxy::start(cfg).await?;
+    shutdown.await;
+    proxy.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_switch_at_start_needs_the_flag() {
+        let s = PolicyKind::Static;
+        let b = PolicyKind::Balloons;
+        assert_eq!(choose_policy("", true, b, false), b);
+        assert_eq!(choose_policy("static", false, b, false), b);
+        assert_eq!(choose_policy("static", true, b, false), s);
+        assert_eq!(choose_policy("static", true, b, true), b);
+        assert_eq!(choose_policy("junk", true, b, false), b);
+    }
+}

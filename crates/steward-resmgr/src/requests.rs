@@ -1,0 +1,686 @@
+//! Deriving a policy request (QoS class, CPU and memory requests/limits)
+//! from what CRI carries, and validating CRI resources.
+//!
+//! CRI does not carry the pod spec. What is known and how:
+//! - CPU request: from `cpu_shares` (kubelet writes `milli * 1024 / 1000`,
+//!   minimum 2), inverted with rounding up, which recovers whole millicores.
+//! - CPU limit: `cpu_quota * 1000 / cpu_period` when a quota is set.
+//! - Memory limit: `memory_limit_in_bytes` when non-zero.
+//! - Memory request: NOT carried. Taken from the resources annotation when
+//!   present, else equal to the limit for Guaranteed containers, else 0.
+//! - QoS class: NOT carried. Taken from the QoS annotation, else from the
+//!   pod's cgroup parent (`.../besteffort/...`, `.../burstable/...`, other
+//!   `kubepods` parents are Guaranteed), else guessed from the resources.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use steward_core::cpu::{
+    ContainerKey, ContainerRequest, CpuSet, CriResources, Hints, Qos, derive_from_cri,
+};
+use steward_proto::cri::runtime::v1 as cri;
+
+use crate::error::ResmgrError;
+
+/// Annotation domain owned by the resource manager. Unknown keys in this
+/// domain are rejected; they are never shown to the policy, which validates
+/// the other `*.steward.dev` keys itself.
+pub const DOMAIN: &str = "resmgr.steward.dev";
+/// Pod annotation: QoS class hint (`Guaranteed`, `Burstable`, `BestEffort`).
+pub const QOS_ANNOTATION: &str = "qos.resmgr.steward.dev/class";
+/// Pod annotation prefix: per-container requests and limits as JSON
+/// (`{"requests":{"cpu":"500m","memory":"64Mi"},"limits":{..}}`), key
+/// `resources.resmgr.steward.dev/spec.container.<name>`.
+pub const RESOURCES_PREFIX: &str = "resources.resmgr.steward.dev/spec.container.";
+/// Pod annotation: block I/O class for every container of the pod.
+pub const BLOCKIO_POD: &str = "blockio.resmgr.steward.dev/class";
+/// Pod annotation prefix: block I/O class for one container.
+pub const BLOCKIO_PREFIX: &str = "blockio.resmgr.steward.dev/class.container.";
+/// Pod annotation: RDT class for every container of the pod.
+pub const RDT_POD: &str = "rdt.resmgr.steward.dev/class";
+/// Pod annotation prefix: RDT class for one container.
+pub const RDT_PREFIX: &str = "rdt.resmgr.steward.dev/class.container.";
+
+/// Whether an annotation key is in our own domain.
+pub fn is_resmgr_annotation(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(d, _)| d == DOMAIN || d.ends_with(&format!(".{DOMAIN}")))
+}
+
+/// Largest CFS period the kernel takes (1 s), in µs.
+const MAX_PERIOD_US: i64 = 1_000_000;
+/// Smallest CFS period and quota the kernel takes (1 ms), in µs.
+const MIN_PERIOD_US: i64 = 1_000;
+/// Kernel bounds of cgroup v1 `cpu.shares`.
+const MIN_SHARES: i64 = 2;
+const MAX_SHARES: i64 = 262_144;
+/// Memory limits above this (1 PiB) are taken as a mistake.
+const MAX_MEMORY: i64 = 1 << 50;
+/// A memory limit below one page cannot be honoured.
+const MIN_MEMORY: i64 = 4096;
+/// Largest CPU request or limit accepted, in millicores (4096 CPUs).
+const MAX_MILLI: u64 = 4_096_000;
+
+/// Per-container resources annotation (Kubernetes quantity strings).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourcesAnnotation {
+    #[serde(default)]
+    requests: QuantityPair,
+    #[serde(default)]
+    limits: QuantityPair,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuantityPair {
+    #[serde(default)]
+    cpu: Option<String>,
+    #[serde(default)]
+    memory: Option<String>,
+}
+
+/// Parse a Kubernetes CPU quantity (`"2"`, `"500m"`, `"0.25"`) to millicores.
+pub fn parse_cpu_quantity(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Some(m) = s.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let (whole, frac) = match s.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (s, ""),
+    };
+    if frac.len() > 3 || (whole.is_empty() && frac.is_empty()) {
+        return None;
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut frac_milli = 0u64;
+    for (i, c) in frac.chars().enumerate() {
+        let d = u64::from(c.to_digit(10)?);
+        frac_milli += d * 10u64.pow(2 - u32::try_from(i).ok()?);
+    }
+    whole.checked_mul(1000)?.checked_add(frac_milli)
+}
+
+/// Parse a Kubernetes memory quantity (`"64Mi"`, `"1G"`, `"1000"`) to bytes.
+pub fn parse_memory_quantity(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn bad(msg: impl Into<String>) -> ResmgrError {
+    ResmgrError::InvalidRequest(msg.into())
+}
+
+/// Check a cpuset list string; empty means "not set".
+pub fn parse_cpuset(field: &str, s: &str) -> Result<Option<CpuSet>, ResmgrError> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    CpuSet::parse(s)
+        .map(Some)
+        .map_err(|e| bad(format!("{field} {s:?} is not a cpuset list: {e}")))
+}
+
+/// Reject resources no kernel or kubelet would produce.
+pub fn validate_resources(r: &cri::LinuxContainerResources) -> Result<(), ResmgrError> {
+    if r.cpu_shares != 0 && !(MIN_SHARES..=MAX_SHARES).contains(&r.cpu_shares) {
+        return Err(bad(format!(
+            "cpu_shares {} outside {MIN_SHARES}..={MAX_SHARES}",
+            r.cpu_shares
+        )));
+    }
+    if r.cpu_period != 0 && !(MIN_PERIOD_US..=MAX_PERIOD_US).contains(&r.cpu_period) {
+        return Err(bad(format!(
+            "cpu_period {}µs outside {MIN_PERIOD_US}..={MAX_PERIOD_US}",
+            r.cpu_period
+        )));
+    }
+    if r.cpu_quota != 0 && r.cpu_quota != -1 && r.cpu_quota < MIN_PERIOD_US {
+        return Err(bad(format!(
+            "cpu_quota {}µs: must be -1, 0 or at least {MIN_PERIOD_US}",
+            r.cpu_quota
+        )));
+    }
+    if r.cpu_quota > 0 {
+        let period = if r.cpu_period == 0 {
+            100_000
+        } else {
+            r.cpu_period
+        };
+        let milli = u64::try_from(r.cpu_quota.saturating_mul(1000) / period).unwrap_or(u64::MAX);
+        if milli > MAX_MILLI {
+            return Err(bad(format!(
+                "cpu_quota {} / cpu_period {period} is {milli} millicores, more than any node has",
+                r.cpu_quota
+            )));
+        }
+    }
+    for (name, v) in [
+        ("memory_limit_in_bytes", r.memory_limit_in_bytes),
+        ("memory_swap_limit_in_bytes", r.memory_swap_limit_in_bytes),
+    ] {
+        if v < 0 || (v != 0 && !(MIN_MEMORY..=MAX_MEMORY).contains(&v)) {
+            return Err(bad(format!(
+                "{name} {v} outside 0 or {MIN_MEMORY}..={MAX_MEMORY}"
+            )));
+        }
+    }
+    if !(-1000..=1000).contains(&r.oom_score_adj) {
+        return Err(bad(format!(
+            "oom_score_adj {} outside -1000..=1000",
+            r.oom_score_adj
+        )));
+    }
+    parse_cpuset("cpuset_cpus", &r.cpuset_cpus)?;
+    parse_cpuset("cpuset_mems", &r.cpuset_mems)?;
+    for h in &r.hugepage_limits {
+        let size = h.page_size.trim_end_matches('B');
+        let ok = size
+            .strip_suffix(['K', 'M', 'G'])
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !ok {
+            return Err(bad(format!(
+                "hugepage page_size {:?} is not of the form 2MB/1GB",
+                h.page_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Classes an annotation picks, resolved for one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Classes {
+    /// Block I/O class.
+    pub blockio: Option<String>,
+    /// RDT class.
+    pub rdt: Option<String>,
+}
+
+/// Validate the annotations in our domain; anything unknown or malformed
+/// there is an error.
+pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(), ResmgrError> {
+    for (key, value) in annotations {
+        if !is_resmgr_annotation(key) {
+            continue;
+        }
+        let err = |reason: String| ResmgrError::Annotation {
+            key: key.clone(),
+            reason,
+        };
+        if key == QOS_ANNOTATION {
+            parse_qos(value).ok_or_else(|| {
+                err(format!(
+                    "{value:?} is not Guaranteed, Burstable or BestEffort"
+                ))
+            })?;
+        } else if let Some(name) = key.strip_prefix(RESOURCES_PREFIX) {
+            if name.is_empty() {
+                return Err(err("no container name after the prefix".into()));
+            }
+            parse_resources_annotation(value).map_err(err)?;
+        } else if key == BLOCKIO_POD
+            || key == RDT_POD
+            || key
+                .strip_prefix(BLOCKIO_PREFIX)
+                .is_some_and(|n| !n.is_empty())
+            || key.strip_prefix(RDT_PREFIX).is_some_and(|n| !n.is_empty())
+        {
+            if value.is_empty()
+                || !value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            {
+                return Err(err(format!("{value:?} is not a class name")));
+            }
+        } else {
+            return Err(err(format!("unknown annotation in the {DOMAIN} domain")));
+        }
+    }
+    Ok(())
+}
+
+fn parse_qos(s: &str) -> Option<Qos> {
+    match s {
+        "Guaranteed" => Some(Qos::Guaranteed),
+        "Burstable" => Some(Qos::Burstable),
+        "BestEffort" => Some(Qos::BestEffort),
+        _ => None,
+    }
+}
+
+type Parsed = (Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+
+fn parse_resources_annotation(value: &str) -> Result<Parsed, String> {
+    let a: ResourcesAnnotation =
+        serde_json::from_str(value).map_err(|e| format!("not a resources object: {e}"))?;
+    let cpu = |q: &Option<String>| -> Result<Option<u64>, String> {
+        q.as_deref()
+            .map(|s| {
+                parse_cpu_quantity(s)
+                    .filter(|m| *m <= MAX_MILLI)
+                    .ok_or_else(|| format!("cpu quantity {s:?} is malformed or absurd"))
+            })
+            .transpose()
+    };
+    let mem = |q: &Option<String>| -> Result<Option<u64>, String> {
+        q.as_deref()
+            .map(|s| {
+                parse_memory_quantity(s)
+                    .filter(|b| *b <= MAX_MEMORY as u64)
+                    .ok_or_else(|| format!("memory quantity {s:?} is malformed or absurd"))
+            })
+            .transpose()
+    };
+    let parsed = (
+        cpu(&a.requests.cpu)?,
+        cpu(&a.limits.cpu)?,
+        mem(&a.requests.memory)?,
+        mem(&a.limits.memory)?,
+    );
+    if let (Some(r), Some(l)) = (parsed.0, parsed.1)
+        && r > l
+    {
+        return Err(format!("cpu request {r}m exceeds limit {l}m"));
+    }
+    if let (Some(r), Some(l)) = (parsed.2, parsed.3)
+        && r > l
+    {
+        return Err(format!("memory request {r} exceeds limit {l}"));
+    }
+    Ok(parsed)
+}
+
+/// Pod facts a request is derived from.
+#[derive(Debug, Clone)]
+pub struct PodFacts<'a> {
+    /// Pod UID.
+    pub uid: &'a str,
+    /// Pod name.
+    pub name: &'a str,
+    /// Pod namespace.
+    pub namespace: &'a str,
+    /// Cgroup parent of the sandbox.
+    pub cgroup_parent: &'a str,
+    /// Pod annotations.
+    pub annotations: &'a BTreeMap<String, String>,
+}
+
+/// Build the policy request for one container.
+pub fn derive_request(
+    pod: &PodFacts<'_>,
+    container: &str,
+    res: &cri::LinuxContainerResources,
+) -> Result<ContainerRequest, ResmgrError> {
+    let key_ann = format!("{RESOURCES_PREFIX}{container}");
+    let ann = pod
+        .annotations
+        .get(&key_ann)
+        .map(|v| {
+            parse_resources_annotation(v).map_err(|reason| ResmgrError::Annotation {
+                key: key_ann.clone(),
+                reason,
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
+
+    let base = derive_from_cri(
+        &CriResources {
+            cpu_shares: u64::try_from(res.cpu_shares).unwrap_or(0),
+            cpu_quota: res.cpu_quota,
+            cpu_period: u64::try_from(res.cpu_period)
+                .ok()
+                .filter(|p| *p > 0)
+                .unwrap_or(100_000),
+            memory_limit_in_bytes: res.memory_limit_in_bytes,
+        },
+        pod.cgroup_parent,
+    );
+    let annotated = ann.0.is_some() || ann.1.is_some() || ann.2.is_some() || ann.3.is_some();
+    let cpu_request_milli = ann.0.unwrap_or(base.cpu_request_milli);
+    let cpu_limit_milli = ann.1.or(base.cpu_limit_milli);
+    let memory_limit_bytes = ann.3.or(base.memory_limit_bytes);
+    let hinted = pod
+        .annotations
+        .get(QOS_ANNOTATION)
+        .and_then(|v| parse_qos(v));
+    let qos = match hinted {
+        Some(q) => q,
+        // With a resources annotation and no cgroup-parent verdict, the
+        // class follows from the annotated values.
+        None if annotated
+            && steward_core::cpu::qos_from_cgroup_parent(pod.cgroup_parent).is_none() =>
+        {
+            steward_core::cpu::qos_of(&[steward_core::cpu::ContainerResources {
+                cpu_request_milli: Some(cpu_request_milli),
+                cpu_limit_milli,
+                memory_request_bytes: ann.2,
+                memory_limit_bytes,
+            }])
+        }
+        None => base.qos,
+    };
+    let memory_request_bytes = ann.2.unwrap_or(match qos {
+        Qos::Guaranteed => memory_limit_bytes.unwrap_or(0),
+        _ => 0,
+    });
+    if let Some(l) = cpu_limit_milli
+        && cpu_request_milli > l
+    {
+        return Err(bad(format!(
+            "cpu request {cpu_request_milli}m exceeds limit {l}m"
+        )));
+    }
+    let policy_annotations: BTreeMap<String, String> = pod
+        .annotations
+        .iter()
+        .filter(|(k, _)| !is_resmgr_annotation(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let req = ContainerRequest {
+        key: ContainerKey {
+            pod_uid: pod.uid.to_owned(),
+            container: container.to_owned(),
+        },
+        pod_namespace: pod.namespace.to_owned(),
+        pod_name: pod.name.to_owned(),
+        qos,
+        cpu_request_milli,
+        cpu_limit_milli,
+        memory_request_bytes,
+        memory_limit_bytes,
+        annotations: policy_annotations,
+    };
+    // The policy's own annotations are checked here, before anything
+    // reaches the runtime.
+    Hints::parse(&req).map_err(|e| ResmgrError::Annotation {
+        key: "policy annotations".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(req)
+}
+/// The block I/O and RDT classes annotated for a container (container
+/// annotation wins over the pod one).
+pub fn classes_for(annotations: &BTreeMap<String, String>, container: &str) -> Classes {
+    let pick = |pod_key: &str, prefix: &str| {
+        annotations
+            .get(&format!("{prefix}{container}"))
+            .or_else(|| annotations.get(pod_key))
+            .cloned()
+    };
+    Classes {
+        blockio: pick(BLOCKIO_POD, BLOCKIO_PREFIX),
+        rdt: pick(RDT_POD, RDT_PREFIX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pod<'a>(annotations: &'a BTreeMap<String, String>, parent: &'static str) -> PodFacts<'a> {
+        PodFacts {
+            uid: "u1",
+            name: "p",
+            namespace: "ns",
+            cgroup_parent: parent,
+            annotations,
+        }
+    }
+
+    fn res(shares: i64, quota: i64, period: i64, mem: i64) -> cri::LinuxContainerResources {
+        cri::LinuxContainerResources {
+            cpu_shares: shares,
+            cpu_quota: quota,
+            cpu_period: period,
+            memory_limit_in_bytes: mem,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn quantities_parse() {
+        assert_eq!(parse_cpu_quantity("2"), Some(2000));
+        assert_eq!(parse_cpu_quantity("500m"), Some(500));
+        assert_eq!(parse_cpu_quantity("0.25"), Some(250));
+        assert_eq!(parse_cpu_quantity(".5"), Some(500));
+        assert_eq!(parse_cpu_quantity("1.2345"), None);
+        assert_eq!(parse_cpu_quantity("x"), None);
+        assert_eq!(parse_memory_quantity("64Mi"), Some(64 << 20));
+        assert_eq!(parse_memory_quantity("1G"), Some(1_000_000_000));
+        assert_eq!(parse_memory_quantity("1000"), Some(1000));
+        assert_eq!(parse_memory_quantity("1Qi"), None);
+        assert_eq!(parse_memory_quantity("Mi"), None);
+    }
+
+    #[test]
+    fn guaranteed_from_kubelet_resources() {
+        let a = BTreeMap::new();
+        // 1 CPU, 64 MiB, request == limit, no cgroup-parent hint.
+        let r =
+            derive_request(&pod(&a, "/x"), "c", &res(1024, 100_000, 100_000, 64 << 20)).unwrap();
+        assert_eq!(r.qos, Qos::Guaranteed);
+        assert_eq!(r.cpu_request_milli, 1000);
+        assert_eq!(r.cpu_limit_milli, Some(1000));
+        assert_eq!(r.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(r.memory_request_bytes, 64 << 20);
+        assert_eq!(r.key.pod_uid, "u1");
+        assert_eq!(r.key.container, "c");
+    }
+
+    #[test]
+    fn qos_from_parent_and_annotation() {
+        let a = BTreeMap::new();
+        let be =
+            derive_request(&pod(&a, "/kubepods/besteffort/pod1"), "c", &res(2, 0, 0, 0)).unwrap();
+        assert_eq!(be.qos, Qos::BestEffort);
+        assert_eq!(be.cpu_request_milli, 0);
+        let bu = derive_request(
+            &pod(&a, "kubepods-burstable-pod1.slice"),
+            "c",
+            &res(1024, 100_000, 100_000, 64 << 20),
+        )
+        .unwrap();
+        assert_eq!(bu.qos, Qos::Burstable);
+        assert_eq!(bu.memory_request_bytes, 0);
+        let g = derive_request(&pod(&a, "/kubepods/pod1"), "c", &res(512, 0, 0, 0)).unwrap();
+        assert_eq!(g.qos, Qos::Guaranteed);
+        let mut hinted = BTreeMap::new();
+        hinted.insert(QOS_ANNOTATION.to_owned(), "BestEffort".to_owned());
+        let h = derive_request(&pod(&hinted, "/kubepods/pod1"), "c", &res(512, 0, 0, 0)).unwrap();
+        assert_eq!(h.qos, Qos::BestEffort);
+        let none = derive_request(&pod(&a, "/x"), "c", &res(0, 0, 0, 0)).unwrap();
+        assert_eq!(none.qos, Qos::BestEffort);
+        let burst = derive_request(&pod(&a, "/x"), "c", &res(512, 0, 0, 0)).unwrap();
+        assert_eq!(burst.qos, Qos::Burstable);
+    }
+
+    #[test]
+    fn resources_annotation_overrides_and_supplies_memory_request() {
+        let mut a = BTreeMap::new();
+        a.insert(
+            format!("{RESOURCES_PREFIX}c"),
+            r#"{"requests":{"cpu":"250m","memory":"32Mi"},"limits":{"cpu":"1","memory":"64Mi"}}"#
+                .to_owned(),
+        );
+        let r = derive_request(&pod(&a, "/x"), "c", &res(2, 0, 0, 0)).unwrap();
+        assert_eq!(r.cpu_request_milli, 250);
+        assert_eq!(r.cpu_limit_milli, Some(1000));
+        assert_eq!(r.memory_request_bytes, 32 << 20);
+        assert_eq!(r.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(r.qos, Qos::Burstable);
+        // Other containers of the pod do not pick it up.
+        let other = derive_request(&pod(&a, "/x"), "d", &res(2, 0, 0, 0)).unwrap();
+        assert_eq!(other.cpu_request_milli, 0);
+    }
+
+    #[test]
+    fn malformed_annotations_are_rejected() {
+        let cases = [
+            (QOS_ANNOTATION.to_owned(), "Platinum"),
+            (format!("{RESOURCES_PREFIX}c"), "{not json"),
+            (
+                format!("{RESOURCES_PREFIX}c"),
+                r#"{"requests":{"cpu":"lots"}}"#,
+            ),
+            (
+                format!("{RESOURCES_PREFIX}c"),
+                r#"{"requests":{"cpu":"2"},"limits":{"cpu":"1"}}"#,
+            ),
+            (
+                format!("{RESOURCES_PREFIX}c"),
+                r#"{"requests":{"gpu":"1"}}"#,
+            ),
+            (
+                format!("{RESOURCES_PREFIX}c"),
+                r#"{"requests":{"memory":"9Ei"}}"#,
+            ),
+            (RESOURCES_PREFIX.to_string(), "{}"),
+            (BLOCKIO_POD.to_owned(), "has space"),
+            ("frobnicate.resmgr.steward.dev/pod".to_owned(), "x"),
+        ];
+        for (k, v) in cases {
+            let m = HashMap::from([(k.clone(), v.to_owned())]);
+            let e = validate_annotations(&m).unwrap_err();
+            assert!(matches!(e, ResmgrError::Annotation { .. }), "{k}={v}: {e}");
+            assert_eq!(e.to_status().code(), tonic::Code::InvalidArgument);
+        }
+        let ok = HashMap::from([
+            (QOS_ANNOTATION.to_owned(), "Burstable".to_owned()),
+            (format!("{BLOCKIO_PREFIX}c"), "slow-io".to_owned()),
+            ("some.other.io/thing".to_owned(), "whatever {".to_owned()),
+            (
+                "cpu.steward.dev/prefer-shared".to_owned(),
+                "true".to_owned(),
+            ),
+            ("plain".to_owned(), "x".to_owned()),
+        ]);
+        validate_annotations(&ok).unwrap();
+    }
+
+    #[test]
+    fn absurd_resources_are_rejected() {
+        let good = res(1024, 100_000, 100_000, 64 << 20);
+        validate_resources(&good).unwrap();
+        let cases = vec![
+            cri::LinuxContainerResources {
+                cpu_shares: 1,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpu_shares: 1 << 40,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpu_period: 10,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpu_quota: 5,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpu_quota: i64::MAX,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                memory_limit_in_bytes: -5,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                memory_limit_in_bytes: 1 << 62,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                oom_score_adj: 5000,
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpuset_cpus: "0-".into(),
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpuset_cpus: "3-1".into(),
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                cpuset_mems: "a".into(),
+                ..good.clone()
+            },
+            cri::LinuxContainerResources {
+                hugepage_limits: vec![cri::HugepageLimit {
+                    page_size: "huge".into(),
+                    limit: 1,
+                }],
+                ..good.clone()
+            },
+        ];
+        for c in cases {
+            let e = validate_resources(&c).unwrap_err();
+            assert_eq!(e.to_status().code(), tonic::Code::InvalidArgument, "{c:?}");
+        }
+        validate_resources(&cri::LinuxContainerResources {
+            cpu_quota: -1,
+            cpuset_cpus: "0-1".into(),
+            hugepage_limits: vec![cri::HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 0,
+            }],
+            ..good
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn classes_prefer_container_annotation() {
+        let mut a = BTreeMap::new();
+        a.insert(BLOCKIO_POD.to_owned(), "pod-class".to_owned());
+        a.insert(format!("{BLOCKIO_PREFIX}db"), "db-class".to_owned());
+        a.insert(RDT_POD.to_owned(), "gold".to_owned());
+        assert_eq!(classes_for(&a, "db").blockio.as_deref(), Some("db-class"));
+        assert_eq!(classes_for(&a, "web").blockio.as_deref(), Some("pod-class"));
+        assert_eq!(classes_for(&a, "web").rdt.as_deref(), Some("gold"));
+        assert_eq!(classes_for(&BTreeMap::new(), "web"), Classes::default());
+    }
+
+    proptest! {
+        /// Whatever the kubelet derives from a whole-millicore request
+        /// comes back as that request.
+        #[test]
+        fn kubelet_shares_roundtrip(milli in 3u64..=256_000) {
+            let shares = ((milli * 1024) / 1000) as i64;
+            let a = BTreeMap::new();
+            let r = derive_request(&pod(&a, "/kubepods/burstable/p"), "c", &res(shares, 0, 0, 0)).unwrap();
+            prop_assert_eq!(r.cpu_request_milli, milli);
+        }
+
+        #[test]
+        fn cpu_quantity_roundtrip(milli in 0u64..=4_096_000) {
+            prop_assert_eq!(parse_cpu_quantity(&format!("{milli}m")), Some(milli));
+            let s = format!("{}.{:03}", milli / 1000, milli % 1000);
+            prop_assert_eq!(parse_cpu_quantity(&s), Some(milli));
+        }
+    }
+}

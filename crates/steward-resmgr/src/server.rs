@@ -1,0 +1,285 @@
+//! The CRI endpoint: an HTTP/2 server on a unix socket that routes each call
+//! by its method path, either into the resource manager (intercepted calls,
+//! decoded with prost) or straight to the runtime (everything else, raw).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use steward_proto::cri::runtime::v1 as cri;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tonic::body::Body;
+use tracing::{debug, info, warn};
+
+use crate::error::ResmgrError;
+use crate::metrics::Metrics;
+use crate::relay::Upstream;
+use crate::resmgr::ResourceManager;
+
+/// Method paths the resource manager intercepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intercepted {
+    /// `RunPodSandbox`
+    RunPodSandbox,
+    /// `StopPodSandbox`
+    StopPodSandbox,
+    /// `RemovePodSandbox`
+    RemovePodSandbox,
+    /// `CreateContainer`
+    CreateContainer,
+    /// `StartContainer`
+    StartContainer,
+    /// `StopContainer`
+    StopContainer,
+    /// `RemoveContainer`
+    RemoveContainer,
+    /// `UpdateContainerResources`
+    UpdateContainerResources,
+    /// `ListContainers`
+    ListContainers,
+}
+
+const RUNTIME_PREFIX: &str = "/runtime.v1.RuntimeService/";
+
+impl Intercepted {
+    /// The intercepted method a path names, if any.
+    pub fn from_path(path: &str) -> Option<Self> {
+        let method = path.strip_prefix(RUNTIME_PREFIX)?;
+        Some(match method {
+            "RunPodSandbox" => Self::RunPodSandbox,
+            "StopPodSandbox" => Self::StopPodSandbox,
+            "RemovePodSandbox" => Self::RemovePodSandbox,
+            "CreateContainer" => Self::CreateContainer,
+            "StartContainer" => Self::StartContainer,
+            "StopContainer" => Self::StopContainer,
+            "RemoveContainer" => Self::RemoveContainer,
+            "UpdateContainerResources" => Self::UpdateContainerResources,
+            "ListContainers" => Self::ListContainers,
+            _ => return None,
+        })
+    }
+
+    /// Short name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RunPodSandbox => "RunPodSandbox",
+            Self::StopPodSandbox => "StopPodSandbox",
+            Self::RemovePodSandbox => "RemovePodSandbox",
+            Self::CreateContainer => "CreateContainer",
+            Self::StartContainer => "StartContainer",
+            Self::StopContainer => "StopContainer",
+            Self::RemoveContainer => "RemoveContainer",
+            Self::UpdateContainerResources => "UpdateContainerResources",
+            Self::ListContainers => "ListContainers",
+        }
+    }
+}
+
+/// Routes calls by method path.
+#[derive(Clone)]
+pub(crate) struct Router {
+    pub(crate) upstream: Upstream,
+    pub(crate) resmgr: Arc<ResourceManager>,
+    pub(crate) metrics: Metrics,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl hyper::service::Service<http::Request<Incoming>> for Router {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn call(&self, req: http::Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let method = Intercepted::from_path(req.uri().path());
+            let resp = match method {
+                None => {
+                    let resp = this.upstream.forward(req.map(Body::new)).await;
+                    this.metrics.observe_relay(started.elapsed());
+                    resp
+                }
+                Some(m) => {
+                    let resp = this.intercept(m, req).await;
+                    this.metrics
+                        .observe_intercepted(m.name(), started.elapsed());
+                    resp
+                }
+            };
+            Ok(resp)
+        })
+    }
+}
+
+/// Decode a unary request, run `handler`, encode its answer.
+async fn unary<Req, Resp, F, Fut>(req: http::Request<Incoming>, handler: F) -> http::Response<Body>
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+    F: FnOnce(Req) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Resp, tonic::Status>> + Send + 'static,
+{
+    let svc = tower::service_fn(move |r: tonic::Request<Req>| {
+        let handler = handler.clone();
+        async move { handler(r.into_inner()).await.map(tonic::Response::new) }
+    });
+    let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
+    let mut grpc = tonic::server::Grpc::new(codec);
+    grpc.unary(svc, req).await
+}
+
+impl Router {
+    async fn intercept(
+        &self,
+        m: Intercepted,
+        req: http::Request<Incoming>,
+    ) -> http::Response<Body> {
+        let rm = self.resmgr.clone();
+        debug!(method = m.name(), "intercepted");
+        macro_rules! route {
+            ($req:ty, $method:ident) => {
+                unary(req, move |r: $req| async move {
+                    // Run to completion even if the client goes away, so a
+                    // half-done pipeline step never leaves cache and policy
+                    // out of step with the runtime.
+                    let done = tokio::spawn(async move { rm.$method(r).await }).await;
+                    match done {
+                        Ok(result) => result.map_err(|e| {
+                            warn!(method = m.name(), error = %e, "intercepted call failed");
+                            e.to_status()
+                        }),
+                        Err(e) => Err(tonic::Status::internal(format!(
+                            "{} handler failed: {e}",
+                            m.name()
+                        ))),
+                    }
+                })
+                .await
+            };
+        }
+        match m {
+            Intercepted::RunPodSandbox => route!(cri::RunPodSandboxRequest, run_pod_sandbox),
+            Intercepted::StopPodSandbox => route!(cri::StopPodSandboxRequest, stop_pod_sandbox),
+            Intercepted::RemovePodSandbox => {
+                route!(cri::RemovePodSandboxRequest, remove_pod_sandbox)
+            }
+            Intercepted::CreateContainer => route!(cri::CreateContainerRequest, create_container),
+            Intercepted::StartContainer => route!(cri::StartContainerRequest, start_container),
+            Intercepted::StopContainer => route!(cri::StopContainerRequest, stop_container),
+            Intercepted::RemoveContainer => route!(cri::RemoveContainerRequest, remove_container),
+            Intercepted::UpdateContainerResources => {
+                route!(
+                    cri::UpdateContainerResourcesRequest,
+                    update_container_resources
+                )
+            }
+            Intercepted::ListContainers => route!(cri::ListContainersRequest, list_containers),
+        }
+    }
+}
+
+/// Bind the proxy socket, replacing a stale socket file left by a previous
+/// run (but never a live one or a non-socket).
+pub(crate) async fn bind(path: &Path) -> Result<UnixListener, ResmgrError> {
+    use std::os::unix::fs::FileTypeExt;
+    let listen_err = |source| ResmgrError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(listen_err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(listen_err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another process is serving this socket",
+            )));
+        }
+        std::fs::remove_file(path).map_err(listen_err)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    }
+    UnixListener::bind(path).map_err(listen_err)
+}
+
+/// Accept connections until `stop` flips, then drain them.
+pub(crate) async fn serve(listener: UnixListener, router: Router, mut stop: watch::Receiver<bool>) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), router.clone());
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            debug!(error = %e, "CRI client connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "accepting a CRI client failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    info!("CRI proxy draining connections");
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {
+            warn!("connections still open after 5s; closing");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_nine_runtime_methods_are_intercepted() {
+        let hits: Vec<_> = [
+            "RunPodSandbox",
+            "StopPodSandbox",
+            "RemovePodSandbox",
+            "CreateContainer",
+            "StartContainer",
+            "StopContainer",
+            "RemoveContainer",
+            "UpdateContainerResources",
+            "ListContainers",
+        ]
+        .iter()
+        .map(|m| Intercepted::from_path(&format!("/runtime.v1.RuntimeService/{m}")))
+        .collect();
+        assert!(hits.iter().all(Option::is_some));
+        for path in [
+            "/runtime.v1.RuntimeService/Version",
+            "/runtime.v1.RuntimeService/ExecSync",
+            "/runtime.v1.RuntimeService/GetContainerEvents",
+            "/runtime.v1.RuntimeService/SomeFutureRpc",
+            "/runtime.v1.ImageService/ListImages",
+            "/runtime.v1alpha2.RuntimeService/CreateContainer",
+            "/runtime.v1.RuntimeService/CreateContainerX",
+        ] {
+            assert_eq!(Intercepted::from_path(path), None, "{path}");
+        }
+    }
+}
