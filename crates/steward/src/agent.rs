@@ -48,7 +48,7 @@ pub struct InstancesArgs {
     state_dir: PathBuf,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     steward_discovery::duration::parse_duration(s)
 }
 

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod cri_proxy;
 mod metrics;
 
 #[derive(Debug, Parser)]
@@ -29,6 +30,8 @@ enum Command {
     Agent(agent::AgentArgs),
     /// Run a built-in discovery handler as its own process; it registers with the agent.
     DiscoveryHandler(DiscoveryHandlerArgs),
+    /// Run the CRI resource manager: a proxy between kubelet and the container runtime.
+    CriProxy(cri_proxy::CriProxyArgs),
     /// Print steward's CustomResourceDefinitions as YAML.
     Crds,
     /// Print the Instances kept by a standalone agent's embedded store.
@@ -75,6 +78,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Instances(args) => agent::print_instances(&args),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
+        Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
     }
 }

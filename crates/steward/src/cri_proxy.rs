@@ -1,0 +1,55 @@
+//! `steward cri-proxy`: the CRI resource manager between kubelet and the runtime.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use steward_resmgr::{Metrics, ProxyConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct CriProxyArgs {
+    /// Socket the proxy serves CRI on (point kubelet's --container-runtime-endpoint here).
+    #[arg(long, default_value = "/var/run/steward/cri.sock")]
+    listen: PathBuf,
+    /// The runtime's CRI socket.
+    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    runtime: PathBuf,
+    /// Directory of the proxy's state cache.
+    #[arg(long, default_value = "/var/lib/steward/resmgr")]
+    state_dir: PathBuf,
+    /// Configuration file (policy, CRI, block I/O, RDT); reloaded when it changes.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Let a changed `policy.active` in the configuration switch the running policy.
+    #[arg(long)]
+    allow_policy_switch: bool,
+    /// sysfs root for topology discovery.
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// cgroupfs root.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
+    /// How often applied cpusets and memory limits are read back from cgroupfs (0s: never).
+    #[arg(long, default_value = "30s", value_parser = crate::agent::parse_duration)]
+    verify_interval: Duration,
+    /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
+}
+
+pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
+    let mut cfg = ProxyConfig::new(args.listen, args.runtime, args.state_dir);
+    cfg.config_file = args.config;
+    cfg.allow_policy_switch = args.allow_policy_switch;
+    cfg.sysfs_root = args.sysfs_root;
+    cfg.cgroup_root = args.cgroup_root;
+    cfg.verify_interval = args.verify_interval;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("steward");
+    cfg.metrics = Metrics::register(&mut registry);
+    if let Some(addr) = args.metrics_address {
+        crate::metrics::serve(addr, registry).await?;
+    }
+    steward_resmgr::run(cfg, crate::shutdown_signal())
+        .await
+        .context("CRI proxy failed")
+}
