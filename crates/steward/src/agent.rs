@@ -82,7 +82,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.registry.offline_grace_ms =
         u64::try_from(args.offline_grace.as_millis()).unwrap_or(u64::MAX);
 
-    let mut registry = prometheus_client::registry::Registry::with_prefix("steward");
+    let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Some(AgentMetrics::register(&mut registry));
     if let Some(addr) = args.metrics_address {
         crate::metrics::serve(addr, registry).await?;

@@ -44,7 +44,7 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     cfg.sysfs_root = args.sysfs_root;
     cfg.cgroup_root = args.cgroup_root;
     cfg.verify_interval = args.verify_interval;
-    let mut registry = prometheus_client::registry::Registry::with_prefix("steward");
+    let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Metrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {
         crate::metrics::serve(addr, registry).await?;
