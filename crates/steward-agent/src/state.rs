@@ -1,5 +1,6 @@
 //! The node's embedded store (a redb file in the state directory): persisted
-//! handler registrations and, in standalone mode, the Instances.
+//! handler registrations, in standalone mode the Instances, and the node's
+//! durable slot-claim ledger.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use steward_api::Instance;
 use steward_core::discovery::HandlerKey;
+use steward_core::slots::Claim;
 
 use crate::error::StateError;
 
@@ -17,6 +19,18 @@ pub const STATE_FILE: &str = "steward.redb";
 const REGISTRATIONS: TableDefinition<&str, bool> = TableDefinition::new("discovery_registrations");
 /// Standalone Instances: `namespace/name` → JSON-encoded [`Instance`].
 const INSTANCES: TableDefinition<&str, &str> = TableDefinition::new("instances");
+/// Slot claims of the node's durable ledger: slot id → JSON-encoded
+/// [`Claim`]. Created by the first claim write (read as empty before that).
+const SLOT_CLAIMS: TableDefinition<&str, &str> = TableDefinition::new("slot_claims");
+
+/// Outcome of [`NodeStore::put_claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimPut {
+    /// The claim was stored (or a newer record of the same node was kept).
+    Stored,
+    /// A record of another node holds the slot; nothing was written.
+    OtherNode(String),
+}
 
 /// Handle to the node store; clones share one open database.
 #[derive(Clone, Debug)]
@@ -147,6 +161,85 @@ impl NodeStore {
             t.remove(k.as_str())?;
             Ok(())
         })
+    }
+
+    /// Every stored slot claim, in slot order. Undecodable entries are
+    /// skipped with a warning.
+    pub fn claims(&self) -> Result<Vec<Claim>, StateError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StateError::db("begin read", e))?;
+        let table = match txn.open_table(SLOT_CLAIMS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(StateError::db("open slot claims table", e)),
+        };
+        let mut out = Vec::new();
+        for entry in table
+            .iter()
+            .map_err(|e| StateError::db("iterate slot claims", e))?
+        {
+            let (k, v) = entry.map_err(|e| StateError::db("read slot claim", e))?;
+            match serde_json::from_str::<Claim>(v.value()) {
+                Ok(claim) => out.push(claim),
+                Err(e) => {
+                    tracing::warn!(entry = k.value(), error = %e, "skipping undecodable stored slot claim")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Store `claim` in one durable transaction, unless the slot is held by
+    /// another node ([`ClaimPut::OtherNode`]) or by a record of the same
+    /// node with a higher epoch (kept; [`ClaimPut::Stored`]).
+    pub fn put_claim(&self, claim: &Claim) -> Result<ClaimPut, StateError> {
+        let v = serde_json::to_string(claim).map_err(|source| StateError::Encode {
+            what: "slot claim",
+            source,
+        })?;
+        let mut outcome = ClaimPut::Stored;
+        self.write(|txn| {
+            let mut t = txn.open_table(SLOT_CLAIMS)?;
+            let existing = t
+                .get(claim.slot())?
+                .and_then(|g| serde_json::from_str::<Claim>(g.value()).ok());
+            match existing {
+                Some(old) if old.node != claim.node => outcome = ClaimPut::OtherNode(old.node),
+                Some(old) if old.epoch > claim.epoch => {}
+                _ => {
+                    t.insert(claim.slot(), v.as_str())?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(outcome)
+    }
+
+    /// Remove `node`'s claim on `slot` if its epoch is at most `epoch`, in
+    /// one durable transaction. Returns whether a record was removed.
+    pub fn remove_claim(&self, slot: &str, node: &str, epoch: u64) -> Result<bool, StateError> {
+        let mut removed = false;
+        self.write(|txn| {
+            let mut t = txn.open_table(SLOT_CLAIMS)?;
+            let existing = t
+                .get(slot)?
+                .map(|g| serde_json::from_str::<Claim>(g.value()));
+            let remove = match existing {
+                None => false,
+                Some(Ok(old)) => old.node == node && old.epoch <= epoch,
+                // an undecodable record cannot be checked; it is dropped so a
+                // corrupt entry never pins a slot
+                Some(Err(_)) => true,
+            };
+            if remove {
+                t.remove(slot)?;
+                removed = true;
+            }
+            Ok(())
+        })?;
+        Ok(removed)
     }
 
     fn write(

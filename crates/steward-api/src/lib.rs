@@ -1,14 +1,16 @@
-//! steward's Kubernetes API types: the `Configuration` and `Instance` custom
-//! resources (group `steward.dev`, version `v1alpha1`), their CRDs, and the
-//! conversions between them and the pure core's discovery types.
+//! steward's Kubernetes API types: the `Configuration`, `Instance` and
+//! `SlotClaim` custom resources (group `steward.dev`, version `v1alpha1`),
+//! their CRDs, and the conversions between them and the pure core's types.
 
 mod configuration;
 mod convert;
 mod instance;
+mod slotclaim;
 
 pub use configuration::*;
 pub use convert::*;
 pub use instance::*;
+pub use slotclaim::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -33,7 +35,7 @@ pub enum CrdError {
 
 /// Every CustomResourceDefinition steward installs.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Configuration::crd(), Instance::crd()]
+    vec![Configuration::crd(), Instance::crd(), SlotClaim::crd()]
 }
 
 /// [`crds`] as one multi-document YAML stream (what `steward crds` prints).
@@ -87,12 +89,18 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["configurations.steward.dev", "instances.steward.dev"]
+            [
+                "configurations.steward.dev",
+                "instances.steward.dev",
+                "slotclaims.steward.dev"
+            ]
         );
         for crd in &docs {
             let v = &crd.spec.versions[0];
             assert_eq!(v.name, VERSION);
-            assert!(v.subresources.as_ref().unwrap().status.is_some());
+            // SlotClaims are all spec (written by their node only): no status.
+            let has_status = v.subresources.as_ref().is_some_and(|s| s.status.is_some());
+            assert_eq!(has_status, crd.spec.names.kind != "SlotClaim");
             assert_eq!(crd.spec.scope, "Namespaced");
         }
     }

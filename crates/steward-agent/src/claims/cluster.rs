@@ -1,0 +1,608 @@
+//! Claims in the cluster as `SlotClaim` objects (`steward.dev/v1alpha1`).
+//!
+//! # Write protocol
+//!
+//! One object per slot, named after the slot (`<instance>-<n>`) in the
+//! Instance's namespace. The name is the lock: two nodes racing for a slot
+//! both `create`, the API server admits exactly one, the other gets 409
+//! AlreadyExists, reads the object and answers
+//! [`ClaimWrite::HeldByOtherNode`].
+//!
+//! * **write** — create; on AlreadyExists read the record: another node's →
+//!   `HeldByOtherNode`; this node's with a higher epoch → kept, `Written`
+//!   (the newer record stands); identical → `Written` without a request;
+//!   else replace it under its `resourceVersion` (409 Conflict → re-read,
+//!   retry, at most `max_attempts` requests). The store remembers the last
+//!   record it wrote per slot, so a bind or re-write is a single replace
+//!   under the remembered `resourceVersion` and a fresh allocation a single
+//!   create.
+//! * **delete** — read (or remember) the record; only this node's record
+//!   with an epoch at most the one given is deleted, with `uid` and
+//!   `resourceVersion` preconditions (409 → re-read, retry).
+//! * **list** — every `SlotClaim` of the cluster.
+//!
+//! 5xx, 429 and transport failures are [`ClaimError::Unreachable`].
+//!
+//! # Garbage collection
+//!
+//! Kubernetes' garbage collector deletes an object once *all* its
+//! ownerReferences point to absent objects, and an ownerReference can only
+//! name an owner in the same namespace (a namespaced owner elsewhere counts
+//! as absent, so the object would be collected at once). The store therefore
+//! gives each claim exactly one owner:
+//!
+//! * the **Pod**, when the claim names a holder, is not awaiting
+//!   attribution, and the pod is in the claim's (the Instance's) namespace:
+//!   deleting the pod frees the slot even while the agent is down. kubelet
+//!   has released the device by the time the pod object is gone. A claim
+//!   that outlives its Instance this way is right: the pod still uses the
+//!   device until it is deleted.
+//! * the **Instance** otherwise: a pending claim (no pod yet), an awaiting
+//!   claim (its pod may be stale: a pod-owned record would be collected when
+//!   the *previous* pod goes, while the slot is being handed to the next
+//!   one), and a claim whose pod runs in another namespace. Deleting the
+//!   Instance frees these; a pod in another namespace is reclaimed by the
+//!   agent's pod watch (the slot ledger frees the slot on the pod's Deleted
+//!   or terminal event and on the pod list after a restart).
+//!
+//! Kubernetes' collector deletes with a `uid` precondition only, so a
+//! replace racing with the collection of the previous (pod-owned) version
+//! can be lost. [`watch_claims`] reports every deletion, this node's too:
+//! an adapter that still holds the slot re-queues the write
+//! (`SlotLedger::cluster_write_failed`) when it sees its own claim
+//! [`ClaimEvent::Deleted`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use steward_api::{API_VERSION, Instance, SlotClaim, SlotClaimSpec};
+use steward_core::slots::{Claim, parse_slot_id};
+
+use super::{
+    ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, Count, Counters, DEFAULT_MAX_ATTEMPTS,
+    api_error,
+};
+
+/// Where an Instance lives: what a claim object needs to be created next to
+/// it and owned by it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl InstanceRef {
+    /// The reference of a stored Instance (`None` without namespace, name or
+    /// uid, i.e. an object that was never persisted).
+    pub fn of(instance: &Instance) -> Option<Self> {
+        let m = &instance.metadata;
+        Some(Self {
+            namespace: m.namespace.clone()?,
+            name: m.name.clone()?,
+            uid: m.uid.clone()?,
+        })
+    }
+
+    fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: API_VERSION.to_owned(),
+            kind: "Instance".to_owned(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            ..OwnerReference::default()
+        }
+    }
+}
+
+/// Instance name → [`InstanceRef`], shared by the claim stores of a node.
+///
+/// The agent keeps it current from its Instance watch ([`insert`] on apply,
+/// [`remove`] on delete): a stale uid would give new claims an owner that no
+/// longer exists, and the garbage collector would remove them. Names not in
+/// the directory are looked up in the cluster (all namespaces) on first use
+/// and remembered.
+///
+/// [`insert`]: InstanceDirectory::insert
+/// [`remove`]: InstanceDirectory::remove
+#[derive(Debug, Clone, Default)]
+pub struct InstanceDirectory {
+    entries: Arc<RwLock<HashMap<String, InstanceRef>>>,
+}
+
+impl InstanceDirectory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add or replace the entry of `r.name`.
+    pub fn insert(&self, r: InstanceRef) {
+        self.entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(r.name.clone(), r);
+    }
+
+    /// Forget the Instance `name`.
+    pub fn remove(&self, name: &str) {
+        self.entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+    }
+
+    /// The entry of `name`, if known.
+    pub fn get(&self, name: &str) -> Option<InstanceRef> {
+        self.entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// The entry of `name`, looked up in the cluster when not known.
+    /// `Ok(None)`: no such Instance; an error if the name is ambiguous
+    /// (Instances of that name in several namespaces).
+    pub(crate) async fn resolve(
+        &self,
+        client: &kube::Client,
+        name: &str,
+        counters: &Counters,
+    ) -> Result<Option<InstanceRef>, ClaimError> {
+        if let Some(r) = self.get(name) {
+            return Ok(Some(r));
+        }
+        counters.add(Count::Read);
+        let found = Api::<Instance>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await
+            .map_err(|e| api_error("list instances named", name, e))?;
+        let refs: Vec<InstanceRef> = found.items.iter().filter_map(InstanceRef::of).collect();
+        match refs.as_slice() {
+            [] => Ok(None),
+            [one] => {
+                self.insert(one.clone());
+                Ok(Some(one.clone()))
+            }
+            many => Err(ClaimError::Failed(format!(
+                "Instance name {name} is ambiguous: it exists in namespaces {}",
+                many.iter()
+                    .map(|r| r.namespace.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+}
+
+/// A record this store wrote or read, with its namespace.
+#[derive(Debug, Clone)]
+struct Known {
+    namespace: String,
+    object: SlotClaim,
+}
+
+struct Inner {
+    client: kube::Client,
+    directory: InstanceDirectory,
+    max_attempts: u32,
+    /// Last record of this store's node per slot (by slot id).
+    known: Mutex<HashMap<String, Known>>,
+    counters: Counters,
+}
+
+/// Claims as `SlotClaim` objects (see the module docs). Clones share state;
+/// use one store per node.
+#[derive(Clone)]
+pub struct KubeClaimStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KubeClaimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClaimStore")
+            .field("max_attempts", &self.inner.max_attempts)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeClaimStore {
+    /// A store writing through `client`, finding Instances in `directory`.
+    pub fn new(client: kube::Client, directory: InstanceDirectory) -> Self {
+        Self::with_max_attempts(client, directory, DEFAULT_MAX_ATTEMPTS)
+    }
+
+    /// Like [`new`](Self::new) with a bound on the requests of one write or
+    /// delete that meet conflicts (at least 1).
+    pub fn with_max_attempts(
+        client: kube::Client,
+        directory: InstanceDirectory,
+        max_attempts: u32,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                directory,
+                max_attempts: max_attempts.max(1),
+                known: Mutex::new(HashMap::new()),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The directory this store resolves Instances with.
+    pub fn directory(&self) -> &InstanceDirectory {
+        &self.inner.directory
+    }
+
+    /// Requests issued and conflicts met so far.
+    pub fn stats(&self) -> ClaimStoreStats {
+        self.inner.counters.snapshot()
+    }
+
+    fn count(&self, what: Count) {
+        self.inner.counters.add(what);
+    }
+
+    fn api(&self, namespace: &str) -> Api<SlotClaim> {
+        Api::namespaced(self.inner.client.clone(), namespace)
+    }
+
+    fn remembered(&self, slot: &str, node: &str) -> Option<Known> {
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(slot)
+            .filter(|k| k.object.spec.node == node)
+            .cloned()
+    }
+
+    fn remember(&self, namespace: &str, object: SlotClaim) {
+        let Some(slot) = object.metadata.name.clone() else {
+            return;
+        };
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                slot,
+                Known {
+                    namespace: namespace.to_owned(),
+                    object,
+                },
+            );
+    }
+
+    fn forget(&self, slot: &str) {
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(slot);
+    }
+
+    async fn read(
+        &self,
+        api: &Api<SlotClaim>,
+        name: &str,
+    ) -> Result<Option<SlotClaim>, ClaimError> {
+        self.count(Count::Read);
+        api.get_opt(name)
+            .await
+            .map_err(|e| api_error("get slot claim", name, e))
+    }
+
+    async fn resolve(&self, instance: &str) -> Result<Option<InstanceRef>, ClaimError> {
+        self.inner
+            .directory
+            .resolve(&self.inner.client, instance, &self.inner.counters)
+            .await
+    }
+
+    async fn write_claim(&self, claim: &Claim) -> Result<ClaimWrite, ClaimError> {
+        let spec = SlotClaimSpec::from_claim(claim)
+            .map_err(|e| ClaimError::Failed(format!("writing claim: {e}")))?;
+        let name = claim.slot().to_owned();
+        let inst = self.resolve(&spec.instance).await?.ok_or_else(|| {
+            ClaimError::Failed(format!(
+                "claim {name}: no Instance named {} in the cluster",
+                spec.instance
+            ))
+        })?;
+        let api = self.api(&inst.namespace);
+        let owners = owner_references(&inst, claim);
+        let mut current = self
+            .remembered(&name, &claim.node)
+            .filter(|k| k.namespace == inst.namespace)
+            .map(|k| k.object);
+        let mut fresh = current.is_none();
+        for _ in 0..self.inner.max_attempts {
+            let Some(existing) = current.take() else {
+                let object = SlotClaim {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(inst.namespace.clone()),
+                        owner_references: Some(owners.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: spec.clone(),
+                };
+                self.count(Count::Create);
+                match api.create(&PostParams::default(), &object).await {
+                    Ok(created) => {
+                        tracing::debug!(slot = %name, node = %claim.node, epoch = claim.epoch, "slot claim created");
+                        self.remember(&inst.namespace, created);
+                        return Ok(ClaimWrite::Written);
+                    }
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                        self.count(Count::AlreadyExists);
+                        current = self.read(&api, &name).await?;
+                        fresh = true;
+                        continue;
+                    }
+                    Err(e) => return Err(api_error("create slot claim", &name, e)),
+                }
+            };
+            if existing.spec.node != claim.node {
+                self.forget(&name);
+                tracing::debug!(slot = %name, node = %claim.node, holder = %existing.spec.node, "slot held by another node");
+                return Ok(ClaimWrite::HeldByOtherNode {
+                    node: existing.spec.node,
+                });
+            }
+            if existing.spec.epoch > claim.epoch {
+                // A newer record of this node stands.
+                self.remember(&inst.namespace, existing);
+                return Ok(ClaimWrite::Written);
+            }
+            if existing.metadata.deletion_timestamp.is_some() {
+                self.forget(&name);
+                return Err(ClaimError::Failed(format!(
+                    "claim {name} is being deleted; write it again once it is gone"
+                )));
+            }
+            if existing.spec == spec
+                && existing.metadata.owner_references.as_deref() == Some(owners.as_slice())
+                && fresh
+            {
+                self.remember(&inst.namespace, existing);
+                return Ok(ClaimWrite::Written);
+            }
+            let mut next = existing;
+            next.spec = spec.clone();
+            next.metadata.owner_references = Some(owners.clone());
+            next.metadata.managed_fields = None;
+            self.count(Count::Replace);
+            match api.replace(&name, &PostParams::default(), &next).await {
+                Ok(replaced) => {
+                    tracing::debug!(slot = %name, node = %claim.node, epoch = claim.epoch, "slot claim replaced");
+                    self.remember(&inst.namespace, replaced);
+                    return Ok(ClaimWrite::Written);
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    self.forget(&name);
+                    fresh = true;
+                }
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    self.count(Count::Conflict);
+                    self.forget(&name);
+                    current = self.read(&api, &name).await?;
+                    fresh = true;
+                }
+                Err(e) => {
+                    self.forget(&name);
+                    return Err(api_error("replace slot claim", &name, e));
+                }
+            }
+        }
+        Err(ClaimError::Failed(format!(
+            "claim {name}: gave up after {} conflicting attempts",
+            self.inner.max_attempts
+        )))
+    }
+
+    /// The namespace and current record of `node`'s claim on `slot`, if any.
+    async fn locate(
+        &self,
+        slot: &str,
+        node: &str,
+    ) -> Result<Option<(Api<SlotClaim>, Option<SlotClaim>)>, ClaimError> {
+        if let Some(k) = self.remembered(slot, node) {
+            return Ok(Some((self.api(&k.namespace), Some(k.object))));
+        }
+        let instance = parse_slot_id(slot).map(|(i, _)| i);
+        if let Some(inst) = match instance {
+            Some(i) => self.resolve(i).await?,
+            None => None,
+        } {
+            let api = self.api(&inst.namespace);
+            let current = self.read(&api, slot).await?;
+            return Ok(Some((api, current)));
+        }
+        // The Instance is gone (a pod-owned claim outlives it): find the
+        // record by name in every namespace.
+        self.count(Count::Read);
+        let found = Api::<SlotClaim>::all(self.inner.client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={slot}")))
+            .await
+            .map_err(|e| api_error("list slot claims named", slot, e))?;
+        Ok(found
+            .items
+            .into_iter()
+            .find(|c| c.spec.node == node)
+            .and_then(|c| {
+                let ns = c.metadata.namespace.clone()?;
+                Some((self.api(&ns), Some(c)))
+            }))
+    }
+
+    async fn delete_claim(&self, slot: &str, node: &str, epoch: u64) -> Result<(), ClaimError> {
+        let Some((api, mut current)) = self.locate(slot, node).await? else {
+            self.forget(slot);
+            return Ok(());
+        };
+        for _ in 0..self.inner.max_attempts {
+            let Some(existing) = current.take() else {
+                self.forget(slot);
+                return Ok(());
+            };
+            if existing.spec.node != node {
+                self.forget(slot);
+                return Ok(());
+            }
+            if existing.spec.epoch > epoch {
+                return Ok(());
+            }
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: existing.metadata.resource_version.clone(),
+                    uid: existing.metadata.uid.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            self.count(Count::Delete);
+            match api.delete(slot, &dp).await {
+                Ok(_) => {
+                    tracing::debug!(slot, node, epoch, "slot claim deleted");
+                    self.forget(slot);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    self.forget(slot);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    self.count(Count::Conflict);
+                    self.forget(slot);
+                    current = self.read(&api, slot).await?;
+                }
+                Err(e) => {
+                    self.forget(slot);
+                    return Err(api_error("delete slot claim", slot, e));
+                }
+            }
+        }
+        Err(ClaimError::Failed(format!(
+            "deleting claim {slot}: gave up after {} conflicting attempts",
+            self.inner.max_attempts
+        )))
+    }
+
+    async fn list_claims(&self) -> Result<Vec<Claim>, ClaimError> {
+        self.count(Count::Read);
+        let list = Api::<SlotClaim>::all(self.inner.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error("list slot claims", "*", e))?;
+        Ok(list.items.iter().filter_map(claim_of).collect())
+    }
+}
+
+/// The single owner of a claim object (see the module docs).
+fn owner_references(inst: &InstanceRef, claim: &Claim) -> Vec<OwnerReference> {
+    match &claim.holding.holder {
+        Some(h)
+            if claim.awaiting.is_none()
+                && h.pod.namespace == inst.namespace
+                && !h.pod.uid.is_empty()
+                && !h.pod.name.is_empty() =>
+        {
+            vec![OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Pod".to_owned(),
+                name: h.pod.name.clone(),
+                uid: h.pod.uid.clone(),
+                ..OwnerReference::default()
+            }]
+        }
+        _ => vec![inst.owner_reference()],
+    }
+}
+
+fn claim_of(obj: &SlotClaim) -> Option<Claim> {
+    match obj.to_claim() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(error = %e, namespace = ?obj.metadata.namespace, "ignoring malformed SlotClaim");
+            None
+        }
+    }
+}
+
+impl ClaimStore for KubeClaimStore {
+    async fn write(&self, claim: &Claim) -> Result<ClaimWrite, ClaimError> {
+        self.write_claim(claim).await
+    }
+
+    async fn delete(&self, slot: &str, node: &str, epoch: u64) -> Result<(), ClaimError> {
+        self.delete_claim(slot, node, epoch).await
+    }
+
+    async fn list(&self) -> Result<Vec<Claim>, ClaimError> {
+        self.list_claims().await
+    }
+}
+
+/// What [`watch_claims`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimEvent {
+    /// A claim was created or changed (feed
+    /// `SlotLedger::cluster_claim_observed`).
+    Applied(Claim),
+    /// A claim disappeared (feed `SlotLedger::cluster_claim_removed`).
+    Deleted { slot: String, node: String },
+    /// The watch (re)started and listed every claim: this is the complete
+    /// set, claims not in it are gone (feed
+    /// `SlotLedger::cluster_claims_listed`). The first event of the stream
+    /// once the API server answers.
+    Relisted(Vec<Claim>),
+    /// The watch failed; it is retried with backoff and continues with a
+    /// [`ClaimEvent::Relisted`].
+    Interrupted(String),
+}
+
+/// Every node's claims, as a stream that never ends: a kube-runtime watcher
+/// on `SlotClaim`s in all namespaces, retrying with backoff. Malformed
+/// objects are skipped with a warning.
+pub fn watch_claims(client: kube::Client) -> impl Stream<Item = ClaimEvent> + Send + 'static {
+    let api = Api::<SlotClaim>::all(client);
+    let mut listing: Option<Vec<Claim>> = None;
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let out = match event {
+                Ok(Event::Init) => {
+                    listing = Some(Vec::new());
+                    None
+                }
+                Ok(Event::InitApply(obj)) => {
+                    if let (Some(buf), Some(c)) = (listing.as_mut(), claim_of(&obj)) {
+                        buf.push(c);
+                    }
+                    None
+                }
+                Ok(Event::InitDone) => {
+                    Some(ClaimEvent::Relisted(listing.take().unwrap_or_default()))
+                }
+                Ok(Event::Apply(obj)) => claim_of(&obj).map(ClaimEvent::Applied),
+                Ok(Event::Delete(obj)) => Some(ClaimEvent::Deleted {
+                    slot: obj.spec.slot_id(),
+                    node: obj.spec.node,
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "slot claim watch interrupted");
+                    Some(ClaimEvent::Interrupted(e.to_string()))
+                }
+            };
+            futures::future::ready(out)
+        })
+}
