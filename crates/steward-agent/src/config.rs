@@ -77,6 +77,9 @@ pub struct AgentConfig {
     /// Handlers run inside the agent (registered with the embedded endpoint).
     pub embedded_handlers: Vec<Arc<dyn DiscoveryHandler>>,
     pub timings: AgentTimings,
+    /// Serve the Instances of this node as kubelet device plugins
+    /// (Kubernetes mode only); `None`: discovery only.
+    pub device_plugins: Option<crate::deviceplugin::DevicePluginConfig>,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -97,6 +100,7 @@ impl std::fmt::Debug for AgentConfig {
                     .collect::<Vec<_>>(),
             )
             .field("timings", &self.timings)
+            .field("device_plugins", &self.device_plugins)
             .finish()
     }
 }
@@ -119,6 +123,7 @@ impl AgentConfig {
             metrics: None,
             embedded_handlers: Vec::new(),
             timings: AgentTimings::default(),
+            device_plugins: None,
         }
     }
 

@@ -7,8 +7,10 @@
 //! pair, validates what handlers report and writes Instances through an
 //! [`InstanceStore`] (Kubernetes custom resources or the embedded store).
 
+pub mod claims;
 mod config;
 mod controller;
+pub mod deviceplugin;
 mod discovery;
 mod error;
 pub mod metrics;
@@ -64,10 +66,23 @@ pub async fn run(
     };
 
     let mut background = Vec::new();
+    let mut plugins = None;
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+            if let Some(dp) = &cfg.device_plugins {
+                plugins = Some(deviceplugin::AbortOnDrop::new(tokio::spawn(
+                    device_plugins(
+                        &cfg,
+                        dp.clone(),
+                        client.clone(),
+                        state.clone(),
+                        metrics.device_plugins.clone(),
+                        stop(stop_rx.clone()),
+                    ),
+                )));
+            }
             (
                 Some(status::StatusWriter::new(
                     client.clone(),
@@ -116,6 +131,10 @@ pub async fn run(
     for task in background {
         task.abort();
     }
+    if let Some(task) = plugins {
+        // Bounded: the plugins stop their servers on the stop signal.
+        task.finish(std::time::Duration::from_secs(5)).await;
+    }
     if let Some(server) = server {
         match server.await {
             Ok(Err(e)) if result.is_ok() => return Err(AgentError::Registration(e)),
@@ -129,6 +148,33 @@ pub async fn run(
         }
     }
     result
+}
+
+/// The device plugins of this node, with the claim stores they use.
+fn device_plugins(
+    cfg: &AgentConfig,
+    dp: deviceplugin::DevicePluginConfig,
+    client: kube::Client,
+    state: NodeStore,
+    metrics: deviceplugin::DevicePluginMetrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let directory = claims::InstanceDirectory::new();
+    let parts = deviceplugin::DevicePluginParts {
+        node: cfg.node_name.clone(),
+        client: client.clone(),
+        local: claims::LocalClaimStore::new(state),
+        cluster: claims::KubeClaimStore::new(client.clone(), directory.clone()),
+        config: dp,
+        metrics,
+        directory: Some(directory),
+    };
+    let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
+    async move {
+        if let Err(e) = run.await {
+            tracing::error!(error = %e, "device plugins failed");
+        }
+    }
 }
 
 type ServerHandle = tokio::task::JoinHandle<Result<(), steward_discovery::DiscoveryError>>;

@@ -25,6 +25,8 @@ pub struct AgentMetrics {
     pub instance_conflicts: Counter,
     /// `steward_discovery_handler_connections_lost_total{handler}`
     pub connections_lost: Family<Labels, Counter>,
+    /// Device plugin metrics (`steward_deviceplugin_*`).
+    pub device_plugins: crate::deviceplugin::DevicePluginMetrics,
 }
 
 impl AgentMetrics {
@@ -61,6 +63,7 @@ impl AgentMetrics {
             "Discovery streams that failed or broke, by handler name",
             m.connections_lost.clone(),
         );
+        m.device_plugins.register(registry);
         m
     }
 

@@ -1,0 +1,643 @@
+//! The node's slot ledger behind one lock, with the claim stores it makes
+//! its decisions durable in and the ListAndWatch channels of its plugins.
+//!
+//! Every input (Allocate, pod events, pod resources, cluster claims, ticks,
+//! Instances) takes the lock, feeds the ledger and carries out the returned
+//! effects before releasing it: effects come out in order, per slot, and an
+//! Allocate racing a delete waits for it (seed 000, ordering 2).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use steward_core::Millis;
+use steward_core::ledger::Holding;
+use steward_core::slots::{
+    AllocateError, AllocatePlan, Claim, Effect, Health, PodInfo, PodResources, RecoveryInput,
+    SlotConfig, SlotLedger, parse_slot_id,
+};
+use steward_proto::deviceplugin::v1beta1::{
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DeviceSpec, HEALTHY, Mount, NumaNode,
+    PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
+};
+use tokio::sync::{Mutex, MutexGuard, mpsc, watch};
+use tonic::Status;
+
+use super::instance::ServedInstance;
+use super::metrics::DevicePluginMetrics;
+use crate::claims::{ClaimError, ClaimStore, ClaimWrite};
+
+/// Wall-clock milliseconds: claim times survive agent restarts.
+pub fn now() -> Millis {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    Millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Annotation naming the slots handed to a container.
+pub const SLOTS_ANNOTATION: &str = "steward.dev/slots";
+/// Annotation naming the Instance of the slots.
+pub const INSTANCE_ANNOTATION: &str = "steward.dev/instance";
+
+/// Everything behind the lock.
+pub(crate) struct State {
+    pub ledger: SlotLedger,
+    pub instances: BTreeMap<String, ServedInstance>,
+    /// (namespace, configuration) → broker properties.
+    pub broker: BTreeMap<(String, String), BTreeMap<String, String>>,
+    /// ListAndWatch content per Instance.
+    pub channels: BTreeMap<String, watch::Sender<Vec<Device>>>,
+}
+
+impl State {
+    fn devices(&self, instance: &str) -> Vec<Device> {
+        let numa = self
+            .instances
+            .get(instance)
+            .map(|i| i.numa.clone())
+            .unwrap_or_default();
+        self.ledger
+            .health(instance)
+            .into_iter()
+            .map(|(id, health)| Device {
+                id,
+                health: match health {
+                    Health::Healthy => HEALTHY,
+                    Health::Unhealthy => UNHEALTHY,
+                }
+                .to_owned(),
+                topology: (!numa.is_empty()).then(|| TopologyInfo {
+                    nodes: numa.iter().map(|&id| NumaNode { id }).collect(),
+                }),
+            })
+            .collect()
+    }
+
+    /// Sends the Instance's current health on its ListAndWatch channel.
+    pub fn push_health(&self, instance: &str) {
+        let devices = self.devices(instance);
+        if let Some(tx) = self.channels.get(instance) {
+            tx.send_if_modified(|current| {
+                if *current == devices {
+                    false
+                } else {
+                    *current = devices;
+                    true
+                }
+            });
+        }
+    }
+
+    fn any_awaiting(&self) -> bool {
+        self.ledger.claims().iter().any(|c| c.awaiting.is_some())
+    }
+}
+
+/// Why an allocate plan could not be made durable.
+enum Durable {
+    Done,
+    Conflict { slot: String, node: String },
+    ClusterDown(String),
+    Failed(String),
+}
+
+/// The shared core of the node's device plugins.
+pub(crate) struct Core<L, C> {
+    pub node: String,
+    local: L,
+    cluster: C,
+    pub metrics: DevicePluginMetrics,
+    op_timeout: Duration,
+    cdi: bool,
+    state: Mutex<State>,
+    /// Poked after every successful Allocate: the follower lists pod
+    /// resources until the slots are attributed.
+    followup: mpsc::UnboundedSender<()>,
+}
+
+fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
+    let msg = e.to_string();
+    match e {
+        AllocateError::NoDevices => (Status::invalid_argument(msg), "invalid"),
+        AllocateError::UnknownDevice { .. } => (Status::not_found(msg), "unknown_device"),
+        AllocateError::DeviceGone { .. } => (Status::failed_precondition(msg), "device_gone"),
+        AllocateError::HeldByOtherNode { .. } => {
+            (Status::failed_precondition(msg), "held_elsewhere")
+        }
+        AllocateError::ClusterUnreachable { .. } => {
+            (Status::unavailable(msg), "cluster_unreachable")
+        }
+        AllocateError::ClaimInFlight { .. } => (Status::aborted(msg), "in_flight"),
+    }
+}
+
+impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
+    /// A core for `node` with an empty ledger (see [`Core::recover`]).
+    pub fn new(
+        node: String,
+        local: L,
+        cluster: C,
+        slots: SlotConfig,
+        metrics: DevicePluginMetrics,
+        op_timeout: Duration,
+        cdi: bool,
+    ) -> (Self, mpsc::UnboundedReceiver<()>) {
+        let (followup, rx) = mpsc::unbounded_channel();
+        let core = Self {
+            state: Mutex::new(State {
+                ledger: SlotLedger::new(node.clone(), slots),
+                instances: BTreeMap::new(),
+                broker: BTreeMap::new(),
+                channels: BTreeMap::new(),
+            }),
+            node,
+            local,
+            cluster,
+            metrics,
+            op_timeout,
+            cdi,
+            followup,
+        };
+        (core, rx)
+    }
+
+    pub async fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().await
+    }
+
+    async fn timed<T>(
+        &self,
+        fut: impl Future<Output = Result<T, ClaimError>>,
+    ) -> Result<T, ClaimError> {
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(ClaimError::Unreachable(format!(
+                "no answer within {:?}",
+                self.op_timeout
+            ))),
+        }
+    }
+
+    /// Carries out effects in order, feeding the ledger what the stores
+    /// answer (and carrying out what that returns).
+    pub async fn apply(&self, st: &mut State, effects: Vec<Effect>) {
+        let mut queue: VecDeque<Effect> = effects.into();
+        let mut cluster_down = !st.ledger.cluster_reachable();
+        while let Some(effect) = queue.pop_front() {
+            match effect {
+                Effect::WriteClaim { claim, target } => {
+                    if target.local() {
+                        let r = self.timed(self.local.write(&claim)).await;
+                        self.note("local", "write", &r);
+                        if let Err(e) = r {
+                            tracing::error!(slot = claim.slot(), error = %e, "writing local slot claim failed");
+                        }
+                    }
+                    if target.cluster() {
+                        let slot = claim.slot().to_owned();
+                        if cluster_down {
+                            st.ledger.cluster_write_failed(&slot);
+                            continue;
+                        }
+                        let r = self.timed(self.cluster.write(&claim)).await;
+                        self.note("cluster", "write", &r);
+                        match r {
+                            Ok(ClaimWrite::Written) => {}
+                            Ok(ClaimWrite::HeldByOtherNode { node }) => {
+                                tracing::warn!(%slot, holder = %node, "cluster claim refused: another node holds the slot");
+                                let other = Claim {
+                                    node,
+                                    epoch: 0,
+                                    holding: Holding::pending(slot, claim.holding.since),
+                                    awaiting: None,
+                                };
+                                queue.extend(st.ledger.cluster_claim_observed(&other));
+                            }
+                            Err(ClaimError::Unreachable(m)) => {
+                                tracing::warn!(%slot, error = %m, "API server unreachable; slot claim queued");
+                                cluster_down = true;
+                                st.ledger.cluster_write_failed(&slot);
+                                queue.extend(st.ledger.cluster_reachability(false));
+                            }
+                            Err(e) => {
+                                tracing::warn!(%slot, error = %e, "cluster slot claim write failed; will retry");
+                                st.ledger.cluster_write_failed(&slot);
+                            }
+                        }
+                    }
+                }
+                Effect::DeleteClaim {
+                    slot,
+                    epoch,
+                    target,
+                } => {
+                    self.metrics.released.inc();
+                    if target.local() {
+                        let r = self
+                            .timed(self.local.delete(&slot, &self.node, epoch))
+                            .await;
+                        self.note("local", "delete", &r);
+                        if let Err(e) = r {
+                            tracing::error!(%slot, error = %e, "deleting local slot claim failed");
+                        }
+                    }
+                    if target.cluster() {
+                        if cluster_down {
+                            st.ledger.cluster_write_failed(&slot);
+                            continue;
+                        }
+                        let r = self
+                            .timed(self.cluster.delete(&slot, &self.node, epoch))
+                            .await;
+                        self.note("cluster", "delete", &r);
+                        match r {
+                            Ok(()) => {}
+                            Err(ClaimError::Unreachable(m)) => {
+                                tracing::warn!(%slot, error = %m, "API server unreachable; slot release queued");
+                                cluster_down = true;
+                                st.ledger.cluster_write_failed(&slot);
+                                queue.extend(st.ledger.cluster_reachability(false));
+                            }
+                            Err(e) => {
+                                tracing::warn!(%slot, error = %e, "cluster slot claim delete failed; will retry");
+                                st.ledger.cluster_write_failed(&slot);
+                            }
+                        }
+                    }
+                }
+                Effect::HealthChanged { instance } => st.push_health(&instance),
+            }
+        }
+    }
+
+    fn note<T>(&self, store: &str, op: &str, r: &Result<T, ClaimError>) {
+        let result = match r {
+            Ok(_) => "ok",
+            Err(ClaimError::Unreachable(_)) => "unreachable",
+            Err(ClaimError::Failed(_)) => "failed",
+        };
+        self.metrics.claim_op(store, op, result);
+    }
+
+    async fn make_durable(&self, plan: &AllocatePlan) -> Durable {
+        for claim in &plan.writes {
+            let r = self.timed(self.local.write(claim)).await;
+            self.note("local", "write", &r);
+            match r {
+                Ok(ClaimWrite::Written) => {}
+                Ok(ClaimWrite::HeldByOtherNode { node }) => {
+                    return Durable::Failed(format!(
+                        "local claim store refused slot {} (held by {node})",
+                        claim.slot()
+                    ));
+                }
+                Err(e) => return Durable::Failed(format!("local claim store: {e}")),
+            }
+        }
+        if plan.target.cluster() {
+            for claim in &plan.writes {
+                let r = self.timed(self.cluster.write(claim)).await;
+                self.note("cluster", "write", &r);
+                match r {
+                    Ok(ClaimWrite::Written) => {}
+                    Ok(ClaimWrite::HeldByOtherNode { node }) => {
+                        return Durable::Conflict {
+                            slot: claim.slot().to_owned(),
+                            node,
+                        };
+                    }
+                    Err(ClaimError::Unreachable(m)) => return Durable::ClusterDown(m),
+                    Err(e) => return Durable::Failed(format!("cluster claim: {e}")),
+                }
+            }
+        }
+        Durable::Done
+    }
+
+    /// kubelet's Allocate: claims every slot durably (local, then cluster)
+    /// before answering; on any failure nothing changed and the answer is an
+    /// error saying why.
+    pub async fn allocate(&self, req: &AllocateRequest) -> Result<AllocateResponse, Status> {
+        let started = Instant::now();
+        let result = self.allocate_inner(req).await;
+        self.metrics
+            .allocate_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => self.metrics.allocation("ok"),
+            Err((_, label)) => self.metrics.allocation(label),
+        }
+        result.map_err(|(s, _)| s)
+    }
+
+    async fn allocate_inner(
+        &self,
+        req: &AllocateRequest,
+    ) -> Result<AllocateResponse, (Status, &'static str)> {
+        let ids: Vec<String> = req
+            .container_requests
+            .iter()
+            .flat_map(|c| c.devices_ids.iter().cloned())
+            .collect();
+        let mut st = self.lock().await;
+        let mut retried = false;
+        loop {
+            let plan = match st.ledger.allocate(&ids, now()) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    tracing::warn!(devices = ?ids, error = %e, "Allocate refused");
+                    return Err(allocate_status(&e));
+                }
+            };
+            match self.make_durable(&plan).await {
+                Durable::Done => {
+                    if let Err(e) = st.ledger.commit(plan.id) {
+                        return Err((
+                            Status::aborted(format!(
+                                "slot claim expired before it was durable: {e}"
+                            )),
+                            "expired",
+                        ));
+                    }
+                    break;
+                }
+                Durable::Conflict { slot, node } => {
+                    let fx = st
+                        .ledger
+                        .claim_conflict(plan.id, &slot, &node)
+                        .unwrap_or_default();
+                    self.apply(&mut st, fx).await;
+                    tracing::warn!(%slot, holder = %node, "Allocate lost the slot to another node");
+                    return Err((
+                        Status::failed_precondition(format!(
+                            "slot {slot:?} is held by node {node:?} (claimed in the cluster first); nothing was allocated"
+                        )),
+                        "held_elsewhere",
+                    ));
+                }
+                Durable::ClusterDown(m) if !retried => {
+                    // Once more against the local ledger only: unshared
+                    // devices allocate, shared ones fail closed.
+                    tracing::warn!(error = %m, "API server unreachable during Allocate; retrying against the local ledger");
+                    let mut fx = st.ledger.cluster_reachability(false);
+                    fx.extend(st.ledger.abort(plan.id).unwrap_or_default());
+                    self.apply(&mut st, fx).await;
+                    retried = true;
+                }
+                Durable::ClusterDown(m) | Durable::Failed(m) => {
+                    let fx = st.ledger.abort(plan.id).unwrap_or_default();
+                    self.apply(&mut st, fx).await;
+                    tracing::error!(devices = ?ids, error = %m, "Allocate failed: slot claims could not be made durable");
+                    return Err((
+                        Status::unavailable(format!(
+                            "slot claims for {ids:?} could not be made durable: {m}; nothing was allocated"
+                        )),
+                        "store_failed",
+                    ));
+                }
+            }
+        }
+        let response = self.response(&st, req);
+        drop(st);
+        let _ = self.followup.send(());
+        tracing::info!(devices = ?ids, "Allocate answered");
+        Ok(response)
+    }
+
+    fn response(&self, st: &State, req: &AllocateRequest) -> AllocateResponse {
+        let container_responses = req
+            .container_requests
+            .iter()
+            .map(|c| {
+                let mut out = ContainerAllocateResponse::default();
+                let mut seen = Vec::new();
+                for id in &c.devices_ids {
+                    let Some((name, _)) = parse_slot_id(id) else {
+                        continue;
+                    };
+                    if seen.contains(&name) {
+                        continue;
+                    }
+                    seen.push(name);
+                    let Some(inst) = st.instances.get(name) else {
+                        continue;
+                    };
+                    let empty = BTreeMap::new();
+                    let broker = st.broker.get(&inst.config_key()).unwrap_or(&empty);
+                    out.envs.extend(inst.env(broker));
+                    out.mounts.extend(inst.mounts.iter().map(|m| Mount {
+                        container_path: m.container_path.clone(),
+                        host_path: m.host_path.clone(),
+                        read_only: m.read_only,
+                    }));
+                    out.devices
+                        .extend(inst.device_specs.iter().map(|d| DeviceSpec {
+                            container_path: d.container_path.clone(),
+                            host_path: d.host_path.clone(),
+                            permissions: d.permissions.clone(),
+                        }));
+                    if self.cdi && !inst.cdi_name.is_empty() {
+                        out.cdi_devices.push(CdiDevice {
+                            name: inst.cdi_name.clone(),
+                        });
+                    }
+                    out.annotations
+                        .insert(INSTANCE_ANNOTATION.into(), inst.name.clone());
+                }
+                out.annotations
+                    .insert(SLOTS_ANNOTATION.into(), c.devices_ids.join(","));
+                out
+            })
+            .collect();
+        AllocateResponse {
+            container_responses,
+        }
+    }
+
+    /// GetPreferredAllocation.
+    pub async fn preferred(&self, req: &PreferredAllocationRequest) -> PreferredAllocationResponse {
+        let st = self.lock().await;
+        PreferredAllocationResponse {
+            container_responses: req
+                .container_requests
+                .iter()
+                .map(|c| ContainerPreferredAllocationResponse {
+                    device_i_ds: st.ledger.preferred_allocation(
+                        &c.available_device_i_ds,
+                        &c.must_include_device_i_ds,
+                        usize::try_from(c.allocation_size).unwrap_or(0),
+                    ),
+                })
+                .collect(),
+        }
+    }
+
+    /// A pod watch event. Returns whether slots are awaiting attribution
+    /// (the caller then asks kubelet about this pod).
+    pub async fn pod_observed(&self, pod: &PodInfo) -> bool {
+        let mut st = self.lock().await;
+        let fx = st.ledger.pod_observed(pod);
+        if !fx.is_empty() {
+            tracing::debug!(pod = %pod.name, uid = %pod.uid, deleted = pod.deleted, phase = ?pod.phase, effects = fx.len(), "pod event changed slots");
+        }
+        self.apply(&mut st, fx).await;
+        pod.is_live() && st.any_awaiting()
+    }
+
+    /// A full pod list (watch start or re-list).
+    pub async fn pods_listed(&self, pods: &[PodInfo]) {
+        let mut st = self.lock().await;
+        let fx = st.ledger.pods_listed(pods);
+        self.apply(&mut st, fx).await;
+    }
+
+    /// Pod resources `Get` of one pod taken at `at`.
+    pub async fn podresources_got(&self, pod: &PodResources, at: Millis) {
+        let mut st = self.lock().await;
+        let fx = st.ledger.podresources_got(pod, at);
+        self.apply(&mut st, fx).await;
+    }
+
+    /// Pod resources `List` taken at `at`. Returns whether slots still
+    /// await attribution.
+    pub async fn podresources_listed(&self, pods: &[PodResources], at: Millis) -> bool {
+        let mut st = self.lock().await;
+        let fx = st.ledger.podresources_listed(pods, at);
+        self.apply(&mut st, fx).await;
+        st.any_awaiting()
+    }
+
+    /// Time passed: expiries, queued cluster writes; probes the API server
+    /// when it is considered unreachable.
+    pub async fn tick(&self) {
+        let mut st = self.lock().await;
+        if !st.ledger.cluster_reachable() {
+            self.probe_cluster(&mut st).await;
+        }
+        let fx = st.ledger.tick(now());
+        self.apply(&mut st, fx).await;
+    }
+
+    async fn probe_cluster(&self, st: &mut State) {
+        match self.timed(self.cluster.list()).await {
+            Ok(claims) => {
+                tracing::info!(
+                    claims = claims.len(),
+                    "API server reachable; syncing slot claims"
+                );
+                let mut fx = st.ledger.cluster_claims_listed(&claims);
+                fx.extend(st.ledger.cluster_reachability(true));
+                self.apply(st, fx).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "API server still unreachable"),
+        }
+    }
+
+    /// Claims of the cluster, as a watch delivers them.
+    pub async fn cluster_claims_listed(&self, claims: &[Claim]) {
+        let mut st = self.lock().await;
+        let mut fx = st.ledger.cluster_claims_listed(claims);
+        if !st.ledger.cluster_reachable() {
+            fx.extend(st.ledger.cluster_reachability(true));
+        }
+        self.apply(&mut st, fx).await;
+    }
+
+    pub async fn cluster_claim_observed(&self, claim: &Claim) {
+        let mut st = self.lock().await;
+        let fx = st.ledger.cluster_claim_observed(claim);
+        self.apply(&mut st, fx).await;
+    }
+
+    pub async fn cluster_claim_removed(&self, slot: &str, node: &str) {
+        let mut st = self.lock().await;
+        let fx = st.ledger.cluster_claim_removed(slot, node);
+        self.apply(&mut st, fx).await;
+    }
+
+    /// Replaces the ledger by one rebuilt from `input` and brings the stores
+    /// in line with it.
+    pub async fn recover(&self, input: RecoveryInput) {
+        let mut st = self.lock().await;
+        let config = st.ledger.config();
+        let (ledger, fx) = SlotLedger::recover(self.node.clone(), config, input);
+        tracing::info!(
+            claims = ledger.claims().len(),
+            effects = fx.len(),
+            reachable = ledger.cluster_reachable(),
+            "slot ledger recovered"
+        );
+        st.ledger = ledger;
+        self.apply(&mut st, fx).await;
+        let names: Vec<String> = st.channels.keys().cloned().collect();
+        for name in names {
+            st.push_health(&name);
+        }
+    }
+
+    /// An Instance served (or changed). Returns the receiver of its
+    /// ListAndWatch channel.
+    pub async fn instance_upserted(&self, inst: ServedInstance) -> watch::Receiver<Vec<Device>> {
+        let mut st = self.lock().await;
+        let name = inst.name.clone();
+        let fx = st.ledger.instance_upserted(inst.info(true));
+        st.instances.insert(name.clone(), inst);
+        let rx = match st.channels.get(&name) {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(Vec::new());
+                st.channels.insert(name.clone(), tx);
+                rx
+            }
+        };
+        self.apply(&mut st, fx).await;
+        st.push_health(&name);
+        rx
+    }
+
+    /// An Instance is no longer served by this node: its slots are reported
+    /// Unhealthy, then it is forgotten (claims stay until their pods end).
+    pub async fn instance_removed(&self, name: &str) {
+        let mut st = self.lock().await;
+        if let Some(info) = st.instances.get(name).map(|i| i.info(false)) {
+            let fx = st.ledger.instance_upserted(info);
+            self.apply(&mut st, fx).await;
+            st.push_health(name);
+        }
+        let fx = st.ledger.instance_removed(name);
+        self.apply(&mut st, fx).await;
+        st.instances.remove(name);
+        st.channels.remove(name);
+    }
+
+    pub async fn set_broker(&self, key: (String, String), props: Option<BTreeMap<String, String>>) {
+        let mut st = self.lock().await;
+        match props {
+            Some(p) => st.broker.insert(key, p),
+            None => st.broker.remove(&key),
+        };
+    }
+
+    /// This node's local records and the cluster's claims (`None` when the
+    /// API server cannot be reached), for recovery.
+    pub async fn stored_claims(&self) -> (Vec<Claim>, Option<Vec<Claim>>) {
+        let local = match self.timed(self.local.list()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the local claim store at start");
+                Vec::new()
+            }
+        };
+        let cluster = match self.timed(self.cluster.list()).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list cluster claims at start; treating the API server as unreachable");
+                None
+            }
+        };
+        (local, cluster)
+    }
+}

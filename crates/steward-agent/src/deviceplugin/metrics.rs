@@ -1,0 +1,94 @@
+//! Metrics of the device plugins, part of [`crate::AgentMetrics`].
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::metrics::Labels;
+
+/// Handles to the device-plugin metric families (clones share values).
+#[derive(Clone, Debug)]
+pub struct DevicePluginMetrics {
+    /// `steward_deviceplugin_allocations_total{result}`: Allocate calls by
+    /// outcome (`ok`, `unknown_device`, `held_elsewhere`, `unavailable`, ...).
+    pub allocations: Family<Labels, Counter>,
+    /// `steward_deviceplugin_allocate_seconds`: Allocate latency, claims
+    /// included.
+    pub allocate_seconds: Histogram,
+    /// `steward_deviceplugin_registrations_total`: registrations with kubelet.
+    pub registrations: Counter,
+    /// `steward_deviceplugin_plugins`: plugins currently served.
+    pub plugins: Gauge,
+    /// `steward_deviceplugin_claim_ops_total{store,op,result}`.
+    pub claim_ops: Family<Labels, Counter>,
+    /// `steward_deviceplugin_slots_released_total`: slots freed (pod gone,
+    /// expired, rolled back).
+    pub released: Counter,
+}
+
+impl Default for DevicePluginMetrics {
+    fn default() -> Self {
+        Self {
+            allocations: Family::default(),
+            allocate_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            registrations: Counter::default(),
+            plugins: Gauge::default(),
+            claim_ops: Family::default(),
+            released: Counter::default(),
+        }
+    }
+}
+
+impl DevicePluginMetrics {
+    /// Registers the families into `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "steward_deviceplugin_allocations",
+            "Device plugin Allocate calls by result",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_allocate_seconds",
+            "Device plugin Allocate latency, durable slot claims included",
+            self.allocate_seconds.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_registrations",
+            "Device plugin registrations with kubelet",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_plugins",
+            "Device plugins currently served by this node",
+            self.plugins.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_claim_ops",
+            "Slot claim store operations by store, op and result",
+            self.claim_ops.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_slots_released",
+            "Slot claims released (pod gone, expired, rolled back)",
+            self.released.clone(),
+        );
+    }
+
+    pub(crate) fn allocation(&self, result: &str) {
+        self.allocations
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+    }
+
+    pub(crate) fn claim_op(&self, store: &str, op: &str, result: &str) {
+        self.claim_ops
+            .get_or_create(&vec![
+                ("store".into(), store.into()),
+                ("op".into(), op.into()),
+                ("result".into(), result.into()),
+            ])
+            .inc();
+    }
+}

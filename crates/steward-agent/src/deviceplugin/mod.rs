@@ -1,0 +1,365 @@
+//! Device plugins: one kubelet device plugin (v1beta1) per Instance this
+//! node serves, backed by the slot ledger of `steward_core::slots`.
+//!
+//! * Each Instance listing this node is served as the extended resource
+//!   `steward.dev/<instance>` with its slots `<instance>-<n>` as device IDs,
+//!   on the socket `steward-<instance>.sock` in kubelet's plugin directory.
+//!   Plugins start and stop as Instances of this node appear and disappear
+//!   (an Instance watch); a change of capacity, or the device becoming
+//!   usable again, registers the plugin again.
+//! * `ListAndWatch` reports what this node may use now: a slot free or held
+//!   here is Healthy; held by another node, or its device gone, Unhealthy.
+//!   Every change is pushed at once; NUMA nodes come from the device
+//!   property [`NUMA_PROPERTY`].
+//! * `Allocate` claims the slots durably (local store, then the cluster)
+//!   before it answers; then pod resources are read until kubelet shows
+//!   which pod uses them. The pod watch (this node's pods) reclaims slots at
+//!   once when a pod is deleted or reaches Succeeded/Failed.
+//! * At start the ledger is rebuilt from the local store, the cluster's
+//!   claims, kubelet's pod resources and this node's pods.
+//! * kubelet restarts (socket directory wiped) are noticed by polling the
+//!   plugin's socket and `kubelet.sock` every [`DevicePluginConfig::poll`].
+//!
+//! Known limits: a pod deleted before kubelet's pod resources attributed its
+//! slot (within milliseconds of admission) leaves a pending claim that is
+//! released by the ledger's pending timeout, not at once; this node still
+//! reuses it (kubelet re-allocates it), other nodes see it Unhealthy until
+//! then. Device plugins run in Kubernetes mode only.
+
+mod cdi;
+mod core;
+mod instance;
+mod metrics;
+mod names;
+mod plugin;
+mod podresources;
+mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use steward_core::slots::SlotConfig;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
+pub use self::core::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
+pub use self::instance::{NUMA_PROPERTY, ServedInstance};
+pub use self::metrics::DevicePluginMetrics;
+pub use self::names::{env_name, resource_name, socket_name};
+pub use self::plugin::OPTIONS;
+pub use self::podresources::{KubeletError, PodResourcesClient};
+
+use self::core::Core;
+pub(crate) use self::plugin::AbortOnDrop;
+use self::plugin::PluginSite;
+use self::watch::CatalogEvent;
+use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory};
+
+/// How the device plugins are set up.
+#[derive(Debug, Clone)]
+pub struct DevicePluginConfig {
+    /// kubelet's device plugin directory (`.../device-plugins`), where
+    /// `kubelet.sock` is and plugin sockets are created.
+    pub plugin_dir: PathBuf,
+    /// kubelet's pod resources socket (`.../pod-resources/kubelet.sock`).
+    pub pod_resources_socket: PathBuf,
+    /// Where CDI spec files are written; `None`: no CDI (Allocate names no
+    /// CDI devices).
+    pub cdi_dir: Option<PathBuf>,
+    /// Slot ledger timing (pending timeout).
+    pub slots: SlotConfig,
+    /// How often the ledger ticks (expiries, queued cluster writes, API
+    /// server probe while unreachable).
+    pub tick_interval: Duration,
+    /// How often kubelet restarts are checked for (≤ 200 ms keeps
+    /// re-registration well within a second).
+    pub poll: Duration,
+    /// Upper bound on one claim store operation or kubelet call.
+    pub op_timeout: Duration,
+}
+
+impl DevicePluginConfig {
+    /// Defaults for a kubelet rooted at `kubelet_root` (`/var/lib/kubelet`
+    /// on a real node).
+    pub fn new(kubelet_root: impl Into<PathBuf>, cdi_dir: Option<PathBuf>) -> Self {
+        let root: PathBuf = kubelet_root.into();
+        Self {
+            plugin_dir: root.join("device-plugins"),
+            pod_resources_socket: root.join("pod-resources").join("kubelet.sock"),
+            cdi_dir,
+            slots: SlotConfig::default(),
+            tick_interval: Duration::from_millis(500),
+            poll: Duration::from_millis(100),
+            op_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Errors that stop the device plugins.
+#[derive(Debug, thiserror::Error)]
+pub enum DevicePluginError {
+    #[error("creating {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What [`run`] needs.
+pub struct DevicePluginParts<L, C> {
+    pub node: String,
+    pub client: kube::Client,
+    /// The node's durable claim ledger.
+    pub local: L,
+    /// The cluster's claims.
+    pub cluster: C,
+    pub config: DevicePluginConfig,
+    pub metrics: DevicePluginMetrics,
+    /// Kept current from the Instance watch (the cluster claim store
+    /// resolves Instances with it).
+    pub directory: Option<InstanceDirectory>,
+}
+
+struct Running {
+    inst: ServedInstance,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: AbortOnDrop<()>,
+}
+
+/// Serves the device plugins of `parts.node` until `shutdown` resolves.
+/// Dropping the future (an aborted task: the in-process kill -9) stops every
+/// task and server it started; nothing is cleaned up.
+pub async fn run<L: ClaimStore, C: ClaimStore>(
+    parts: DevicePluginParts<L, C>,
+    claim_events: impl futures::Stream<Item = ClaimEvent> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), DevicePluginError> {
+    let DevicePluginParts {
+        node,
+        client,
+        local,
+        cluster,
+        config,
+        metrics,
+        directory,
+    } = parts;
+    for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        std::fs::create_dir_all(dir).map_err(|source| DevicePluginError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    let (core, followups) = Core::new(
+        node.clone(),
+        local,
+        cluster,
+        config.slots,
+        metrics.clone(),
+        config.op_timeout,
+        config.cdi_dir.is_some(),
+    );
+    let core = Arc::new(core);
+    let podres = PodResourcesClient::new(&config.pod_resources_socket, config.op_timeout);
+
+    let initial = watch::recovery_input(&client, &node, &podres, &core, directory.as_ref()).await;
+    let served = initial.served.clone();
+    core.recover(initial.input).await;
+    for (key, props) in &initial.broker {
+        core.set_broker(key.clone(), Some(props.clone())).await;
+    }
+
+    let mut tasks = JoinSet::new();
+    let (cat_tx, mut cat_rx) = mpsc::channel::<CatalogEvent>(256);
+    tasks.spawn(watch::watch_instances(
+        client.clone(),
+        node.clone(),
+        directory,
+        cat_tx.clone(),
+    ));
+    tasks.spawn(watch::watch_configurations(client.clone(), cat_tx));
+    tasks.spawn(watch::watch_pods(
+        client.clone(),
+        node.clone(),
+        core.clone(),
+        podres.clone(),
+    ));
+    tasks.spawn(watch::follow_allocations(
+        core.clone(),
+        podres.clone(),
+        followups,
+        Duration::from_millis(config.slots.pending_timeout_ms),
+    ));
+    tasks.spawn(watch::feed_claims(core.clone(), claim_events));
+
+    let site = PluginSite {
+        plugin_dir: config.plugin_dir.clone(),
+        poll: config.poll,
+        rpc_timeout: config.op_timeout,
+    };
+    let mut manager = Manager {
+        core: core.clone(),
+        site,
+        cdi_dir: config.cdi_dir.clone(),
+        running: BTreeMap::new(),
+        broker: initial.broker,
+        metrics,
+    };
+    manager.set_instances(served).await;
+
+    let mut ticker = tokio::time::interval(config.tick_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    tracing::info!(%node, "device plugins started");
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(ev) = cat_rx.recv() => manager.on_catalog(ev).await,
+            _ = ticker.tick() => core.tick().await,
+        }
+    }
+    manager.stop_all().await;
+    tasks.abort_all();
+    tracing::info!(%node, "device plugins stopped");
+    Ok(())
+}
+
+struct Manager<L, C> {
+    core: Arc<Core<L, C>>,
+    site: PluginSite,
+    cdi_dir: Option<PathBuf>,
+    running: BTreeMap<String, Running>,
+    broker: BTreeMap<(String, String), BTreeMap<String, String>>,
+    metrics: DevicePluginMetrics,
+}
+
+impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
+    async fn on_catalog(&mut self, ev: CatalogEvent) {
+        match ev {
+            CatalogEvent::Instances(served) => self.set_instances(served).await,
+            CatalogEvent::Broker { key, props } => {
+                let changed = self.broker.get(&key) != props.as_ref();
+                match &props {
+                    Some(p) => {
+                        self.broker.insert(key.clone(), p.clone());
+                    }
+                    None => {
+                        self.broker.remove(&key);
+                    }
+                }
+                self.core.set_broker(key.clone(), props).await;
+                if changed {
+                    self.write_cdi(&BTreeSet::from([key]));
+                }
+            }
+        }
+    }
+
+    /// Brings the running plugins in line with the Instances this node
+    /// serves now.
+    async fn set_instances(&mut self, served: BTreeMap<String, ServedInstance>) {
+        let mut touched = BTreeSet::new();
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|n| !served.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(r) = self.running.remove(&name) {
+                touched.insert(r.inst.config_key());
+                self.core.instance_removed(&name).await;
+                stop(r).await;
+                tracing::info!(instance = %name, "instance gone from this node; device plugin stopped");
+            }
+        }
+        for (name, inst) in served {
+            match self.running.get(&name) {
+                Some(r) if r.inst == inst => {}
+                Some(r) => {
+                    touched.insert(inst.config_key());
+                    let restart = r.inst.needs_reregistration(&inst);
+                    let devices = self.core.instance_upserted(inst.clone()).await;
+                    if restart {
+                        if let Some(old) = self.running.remove(&name) {
+                            stop(old).await;
+                        }
+                        tracing::info!(instance = %name, capacity = inst.capacity, "instance changed; restarting its device plugin");
+                        let r = self.start(inst, devices);
+                        self.running.insert(name, r);
+                    } else if let Some(r) = self.running.get_mut(&name) {
+                        r.inst = inst;
+                    }
+                }
+                None => {
+                    touched.insert(inst.config_key());
+                    let devices = self.core.instance_upserted(inst.clone()).await;
+                    tracing::info!(instance = %name, resource = %inst.resource_name, capacity = inst.capacity, "starting device plugin");
+                    let r = self.start(inst, devices);
+                    self.running.insert(name, r);
+                }
+            }
+        }
+        self.metrics
+            .plugins
+            .set(i64::try_from(self.running.len()).unwrap_or(i64::MAX));
+        self.write_cdi(&touched);
+    }
+
+    fn start(
+        &self,
+        inst: ServedInstance,
+        devices: tokio::sync::watch::Receiver<Vec<steward_proto::deviceplugin::v1beta1::Device>>,
+    ) -> Running {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(plugin::run(
+            Arc::downgrade(&self.core),
+            inst.name.clone(),
+            inst.resource_name.clone(),
+            self.site.clone(),
+            devices,
+            stop_rx,
+        ));
+        Running {
+            inst,
+            stop: stop_tx,
+            task: AbortOnDrop::new(task),
+        }
+    }
+
+    fn write_cdi(&self, configs: &BTreeSet<(String, String)>) {
+        let Some(dir) = &self.cdi_dir else {
+            return;
+        };
+        let empty = BTreeMap::new();
+        for key in configs {
+            let insts: Vec<&ServedInstance> = self
+                .running
+                .values()
+                .map(|r| &r.inst)
+                .filter(|i| &i.config_key() == key)
+                .collect();
+            let broker = self.broker.get(key).unwrap_or(&empty);
+            if let Err(e) = cdi::write(dir, &key.1, &insts, broker) {
+                tracing::error!(configuration = %key.1, error = %e, "writing CDI spec failed");
+            }
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        for (_, r) in std::mem::take(&mut self.running) {
+            stop(r).await;
+        }
+    }
+}
+
+async fn stop(r: Running) {
+    let _ = r.stop.send(true);
+    r.task.finish(Duration::from_secs(2)).await;
+}

@@ -1,0 +1,430 @@
+//! The inputs of the device plugins: Instances and Configurations (which
+//! plugins to serve, what Allocate answers), this node's pods (reclaim),
+//! kubelet's pod resources (who uses a slot), the cluster's claims; and the
+//! start-up read that rebuilds the ledger.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use steward_api::{Configuration, Instance};
+use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
+use tokio::sync::mpsc;
+
+use super::core::{Core, now};
+use super::instance::ServedInstance;
+use super::podresources::PodResourcesClient;
+use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory, InstanceRef};
+
+/// Changes of what the plugins serve.
+#[derive(Debug)]
+pub(crate) enum CatalogEvent {
+    /// The complete set of Instances this node serves now, by name.
+    Instances(BTreeMap<String, ServedInstance>),
+    /// Broker properties of a Configuration (`None`: deleted).
+    Broker {
+        key: (String, String),
+        props: Option<BTreeMap<String, String>>,
+    },
+}
+
+fn served_on(
+    instances: &BTreeMap<(String, String), Instance>,
+    node: &str,
+) -> BTreeMap<String, ServedInstance> {
+    let mut out = BTreeMap::new();
+    for inst in instances.values() {
+        if !inst.spec.nodes.iter().any(|n| n == node) {
+            continue;
+        }
+        match ServedInstance::from_instance(inst, node) {
+            Some(s) => {
+                out.insert(s.name.clone(), s);
+            }
+            None => tracing::warn!(
+                instance = ?inst.metadata.name,
+                "instance name cannot be an extended resource name; not serving it"
+            ),
+        }
+    }
+    out
+}
+
+fn key_of(meta: &kube::api::ObjectMeta) -> Option<(String, String)> {
+    Some((meta.namespace.clone()?, meta.name.clone()?))
+}
+
+/// The pod as the slot ledger sees it.
+pub(crate) fn pod_info(pod: &Pod, deleted: bool) -> Option<PodInfo> {
+    let m = &pod.metadata;
+    let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        Some("Unknown") => PodPhase::Unknown,
+        _ => PodPhase::Pending,
+    };
+    Some(PodInfo {
+        uid: m.uid.clone()?,
+        namespace: m.namespace.clone()?,
+        name: m.name.clone()?,
+        node: pod.spec.as_ref()?.node_name.clone()?,
+        phase,
+        deleted,
+    })
+}
+
+/// What the start-up read found.
+pub(crate) struct Initial {
+    pub served: BTreeMap<String, ServedInstance>,
+    pub broker: BTreeMap<(String, String), BTreeMap<String, String>>,
+    pub input: RecoveryInput,
+}
+
+/// Reads everything [`steward_core::slots::SlotLedger::recover`] needs.
+/// Sources that cannot be read count as empty, except the pods: without
+/// the API server, the holders kubelet still reports are taken as live
+/// (their claims are kept; the pod watch settles them once it lists).
+pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
+    client: &kube::Client,
+    node: &str,
+    podres: &PodResourcesClient,
+    core: &Core<L, C>,
+    directory: Option<&InstanceDirectory>,
+) -> Initial {
+    let mut served = BTreeMap::new();
+    match Api::<Instance>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => {
+            let mut all = BTreeMap::new();
+            for inst in list.items {
+                if let (Some(dir), Some(r)) = (directory, InstanceRef::of(&inst)) {
+                    dir.insert(r);
+                }
+                if let Some(k) = key_of(&inst.metadata) {
+                    all.insert(k, inst);
+                }
+            }
+            served = served_on(&all, node);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list Instances at start; serving none until the watch delivers them")
+        }
+    }
+    let mut broker = BTreeMap::new();
+    match Api::<Configuration>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => {
+            for c in list.items {
+                if let Some(k) = key_of(&c.metadata) {
+                    broker.insert(k, c.spec.broker_properties.clone());
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list Configurations at start"),
+    }
+    let (local, cluster) = core.stored_claims().await;
+    let at = now();
+    let podresources = match podres.list().await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read kubelet pod resources at start");
+            Vec::new()
+        }
+    };
+    let pods = match Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+    {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter_map(|p| pod_info(p, false))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this node's pods at start; trusting kubelet's pod resources");
+            pods_from_kubelet(node, &local, &podresources)
+        }
+    };
+    let instances = served.values().map(|s| s.info(true)).collect();
+    Initial {
+        served,
+        broker,
+        input: RecoveryInput {
+            instances,
+            local,
+            cluster,
+            podresources,
+            pods,
+            now: at,
+        },
+    }
+}
+
+/// Holders of local claims that kubelet still reports, as live pods.
+fn pods_from_kubelet(
+    node: &str,
+    local: &[steward_core::slots::Claim],
+    podresources: &[PodResources],
+) -> Vec<PodInfo> {
+    let live: BTreeSet<(&str, &str)> = podresources
+        .iter()
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .collect();
+    let mut seen = BTreeSet::new();
+    local
+        .iter()
+        .filter_map(|c| c.holding.holder.as_ref())
+        .filter(|h| live.contains(&(h.pod.namespace.as_str(), h.pod.name.as_str())))
+        .filter(|h| seen.insert(h.pod.uid.clone()))
+        .map(|h| PodInfo {
+            uid: h.pod.uid.clone(),
+            namespace: h.pod.namespace.clone(),
+            name: h.pod.name.clone(),
+            node: node.to_owned(),
+            phase: PodPhase::Running,
+            deleted: false,
+        })
+        .collect()
+}
+
+/// Instances of every namespace; sends the set this node serves whenever
+/// it changes, and keeps `directory` current.
+pub(crate) async fn watch_instances(
+    client: kube::Client,
+    node: String,
+    directory: Option<InstanceDirectory>,
+    tx: mpsc::Sender<CatalogEvent>,
+) {
+    let api = Api::<Instance>::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut all: BTreeMap<(String, String), Instance> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<(String, String), Instance>> = None;
+    let mut last: Option<BTreeMap<String, ServedInstance>> = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(Event::InitApply(inst)) => {
+                if let (Some(buf), Some(k)) = (listing.as_mut(), key_of(&inst.metadata)) {
+                    buf.insert(k, inst);
+                }
+            }
+            Ok(Event::InitDone) => {
+                all = listing.take().unwrap_or_default();
+                if let Some(dir) = &directory {
+                    for inst in all.values() {
+                        if let Some(r) = InstanceRef::of(inst) {
+                            dir.insert(r);
+                        }
+                    }
+                }
+            }
+            Ok(Event::Apply(inst)) => {
+                if let (Some(dir), Some(r)) = (&directory, InstanceRef::of(&inst)) {
+                    dir.insert(r);
+                }
+                if let Some(k) = key_of(&inst.metadata) {
+                    all.insert(k, inst);
+                }
+            }
+            Ok(Event::Delete(inst)) => {
+                if let Some(k) = key_of(&inst.metadata) {
+                    if let Some(dir) = &directory
+                        && dir.get(&k.1).is_some_and(|r| r.namespace == k.0)
+                    {
+                        dir.remove(&k.1);
+                    }
+                    all.remove(&k);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Instance watch failed; retrying");
+                continue;
+            }
+        }
+        if listing.is_some() {
+            continue;
+        }
+        let served = served_on(&all, &node);
+        if last.as_ref() != Some(&served) {
+            last = Some(served.clone());
+            if tx.send(CatalogEvent::Instances(served)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Configurations of every namespace: their broker properties.
+pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<CatalogEvent>) {
+    let api = Api::<Configuration>::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut known: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut listing: Option<Vec<Configuration>> = None;
+    while let Some(ev) = stream.next().await {
+        let mut out = Vec::new();
+        match ev {
+            Ok(Event::Init) => listing = Some(Vec::new()),
+            Ok(Event::InitApply(c)) => {
+                if let Some(buf) = listing.as_mut() {
+                    buf.push(c);
+                }
+            }
+            Ok(Event::InitDone) => {
+                let listed = listing.take().unwrap_or_default();
+                let mut now_known = BTreeSet::new();
+                for c in listed {
+                    if let Some(k) = key_of(&c.metadata) {
+                        now_known.insert(k.clone());
+                        out.push((k, Some(c.spec.broker_properties.clone())));
+                    }
+                }
+                for gone in known.difference(&now_known) {
+                    out.push((gone.clone(), None));
+                }
+                known = now_known;
+            }
+            Ok(Event::Apply(c)) => {
+                if let Some(k) = key_of(&c.metadata) {
+                    known.insert(k.clone());
+                    out.push((k, Some(c.spec.broker_properties.clone())));
+                }
+            }
+            Ok(Event::Delete(c)) => {
+                if let Some(k) = key_of(&c.metadata) {
+                    known.remove(&k);
+                    out.push((k, None));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Configuration watch failed; retrying"),
+        }
+        for (key, props) in out {
+            if tx.send(CatalogEvent::Broker { key, props }).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// This node's pods (`spec.nodeName=<node>`): reclaim on Deleted and on
+/// terminal phases, at once; a live pod while slots await attribution is
+/// looked up in kubelet's pod resources.
+pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
+    client: kube::Client,
+    node: String,
+    core: Arc<Core<L, C>>,
+    podres: PodResourcesClient,
+) {
+    let api = Api::<Pod>::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut listing: Option<Vec<PodInfo>> = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => listing = Some(Vec::new()),
+            Ok(Event::InitApply(pod)) => {
+                if let (Some(buf), Some(info)) = (listing.as_mut(), pod_info(&pod, false)) {
+                    buf.push(info);
+                }
+            }
+            Ok(Event::InitDone) => {
+                let pods = listing.take().unwrap_or_default();
+                tracing::debug!(pods = pods.len(), "pod list of this node");
+                core.pods_listed(&pods).await;
+            }
+            Ok(Event::Apply(pod)) => {
+                if let Some(info) = pod_info(&pod, false)
+                    && core.pod_observed(&info).await
+                {
+                    let at = now();
+                    match podres.get(&info.namespace, &info.name).await {
+                        Ok(resources) => core.podresources_got(&resources, at).await,
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => {
+                            tracing::debug!(pod = %info.name, error = %e, "pod resources Get failed")
+                        }
+                    }
+                }
+            }
+            Ok(Event::Delete(pod)) => {
+                if let Some(info) = pod_info(&pod, true) {
+                    core.pod_observed(&info).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+        }
+    }
+}
+
+/// After each Allocate, lists kubelet's pod resources (backing off) until
+/// no slot awaits attribution, or `limit` passed.
+pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
+    core: Arc<Core<L, C>>,
+    podres: PodResourcesClient,
+    mut pokes: mpsc::UnboundedReceiver<()>,
+    limit: Duration,
+) {
+    const FIRST: Duration = Duration::from_millis(20);
+    while pokes.recv().await.is_some() {
+        let mut delay = FIRST;
+        let mut deadline = Instant::now() + limit;
+        loop {
+            tokio::time::sleep(delay).await;
+            let mut poked = false;
+            while pokes.try_recv().is_ok() {
+                poked = true;
+            }
+            if poked {
+                deadline = Instant::now() + limit;
+            }
+            let at = now();
+            let awaiting = match podres.list().await {
+                Ok(pods) => core.podresources_listed(&pods, at).await,
+                Err(e) => {
+                    tracing::debug!(error = %e, "pod resources List failed");
+                    true
+                }
+            };
+            if !awaiting || Instant::now() >= deadline {
+                break;
+            }
+            delay = if poked {
+                FIRST
+            } else {
+                (delay * 2).min(Duration::from_secs(2))
+            };
+        }
+    }
+}
+
+/// Feeds the cluster's claims to the ledger.
+pub(crate) async fn feed_claims<L: ClaimStore, C: ClaimStore>(
+    core: Arc<Core<L, C>>,
+    events: impl Stream<Item = ClaimEvent> + Send + 'static,
+) {
+    let mut events = Box::pin(events);
+    while let Some(ev) = events.next().await {
+        match ev {
+            ClaimEvent::Relisted(claims) => core.cluster_claims_listed(&claims).await,
+            ClaimEvent::Applied(claim) => core.cluster_claim_observed(&claim).await,
+            ClaimEvent::Deleted { slot, node } => core.cluster_claim_removed(&slot, &node).await,
+            ClaimEvent::Interrupted(message) => {
+                tracing::debug!(error = %message, "slot claim watch interrupted");
+            }
+        }
+    }
+}
