@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::{AgentConfig, AgentMetrics, Mode, NodeStore};
 
 pub const DEFAULT_REGISTRATION_SOCKET: &str = "/var/lib/steward/registration.sock";
@@ -39,6 +40,18 @@ pub struct AgentArgs {
     /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
+    /// Do not serve this node's Instances as kubelet device plugins (Kubernetes mode).
+    #[arg(long)]
+    no_device_plugins: bool,
+    /// kubelet's root directory (device-plugins/ and pod-resources/ are under it).
+    #[arg(long, env = "STEWARD_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// Where CDI spec files for Instances are written (empty: no CDI).
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// How long a claimed slot may wait for its pod to appear before it is released.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    slot_pending_timeout: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -53,6 +66,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let device_plugins = (!args.standalone && !args.no_device_plugins).then(|| {
+        let cdi = (!args.cdi_dir.as_os_str().is_empty()).then(|| args.cdi_dir.clone());
+        let mut dp = DevicePluginConfig::new(&args.kubelet_dir, cdi);
+        dp.slots.pending_timeout_ms =
+            u64::try_from(args.slot_pending_timeout.as_millis()).unwrap_or(u64::MAX);
+        dp
+    });
     let mode = if args.standalone {
         let file = args
             .configurations
@@ -79,6 +99,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .filter(|n| !n.is_empty())
         .collect();
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
+    cfg.device_plugins = device_plugins;
     cfg.registry.offline_grace_ms =
         u64::try_from(args.offline_grace.as_millis()).unwrap_or(u64::MAX);
 
