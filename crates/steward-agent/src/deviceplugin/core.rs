@@ -37,6 +37,9 @@ pub fn now() -> Millis {
     Millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
+/// Added to a settle instant before listing pod resources for it.
+const SETTLE_MARGIN_MS: u64 = 5;
+
 /// Annotation naming the slots handed to a container.
 pub const SLOTS_ANNOTATION: &str = "steward.dev/slots";
 /// Annotation naming the Instance of the slots.
@@ -94,6 +97,14 @@ impl State {
     fn any_awaiting(&self) -> bool {
         self.ledger.claims().iter().any(|c| c.awaiting.is_some())
     }
+
+    /// How long until a pod-resources `List` could release a pending claim
+    /// by the ledger's settle rule (slightly after that instant, so the
+    /// list's own timestamp is past it); `None` when none is waiting.
+    fn settle_wait(&self, after: Millis) -> Option<Duration> {
+        let due = self.ledger.next_settle(after)?;
+        Some(Duration::from_millis(due.since(now()) + SETTLE_MARGIN_MS))
+    }
 }
 
 /// Why an allocate plan could not be made durable.
@@ -113,8 +124,10 @@ pub(crate) struct Core<L, C> {
     op_timeout: Duration,
     cdi: bool,
     state: Mutex<State>,
-    /// Poked after every successful Allocate: the follower lists pod
-    /// resources until the slots are attributed.
+    /// Poked after every successful Allocate, after a pod ended while
+    /// claims await attribution, and after recovery with such claims: the
+    /// follower lists pod resources until the slots are attributed or
+    /// released.
     followup: mpsc::UnboundedSender<()>,
 }
 
@@ -354,7 +367,8 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
             };
             match self.make_durable(&plan).await {
                 Durable::Done => {
-                    if let Err(e) = st.ledger.commit(plan.id) {
+                    // Answered right below: the settle window starts now.
+                    if let Err(e) = st.ledger.commit(plan.id, now()) {
                         return Err((
                             Status::aborted(format!(
                                 "slot claim expired before it was durable: {e}"
@@ -484,7 +498,13 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
             tracing::debug!(pod = %pod.name, uid = %pod.uid, deleted = pod.deleted, phase = ?pod.phase, effects = fx.len(), "pod event changed slots");
         }
         self.apply(&mut st, fx).await;
-        pod.is_live() && st.any_awaiting()
+        let awaiting = st.any_awaiting();
+        if awaiting && !pod.is_live() {
+            // The pod may have been the one a pending slot was handed to:
+            // the follower lists again soon (and at the settle time).
+            let _ = self.followup.send(());
+        }
+        pod.is_live() && awaiting
     }
 
     /// A full pod list (watch start or re-list).
@@ -502,12 +522,17 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
     }
 
     /// Pod resources `List` taken at `at`. Returns whether slots still
-    /// await attribution.
-    pub async fn podresources_listed(&self, pods: &[PodResources], at: Millis) -> bool {
+    /// await attribution, and if so how long until a list could release a
+    /// pending claim by the settle rule (`None`: no such instant ahead).
+    pub async fn podresources_listed(
+        &self,
+        pods: &[PodResources],
+        at: Millis,
+    ) -> (bool, Option<Duration>) {
         let mut st = self.lock().await;
         let fx = st.ledger.podresources_listed(pods, at);
         self.apply(&mut st, fx).await;
-        st.any_awaiting()
+        (st.any_awaiting(), st.settle_wait(at))
     }
 
     /// Time passed: expiries, queued cluster writes; probes the API server
@@ -575,6 +600,10 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
         let names: Vec<String> = st.channels.keys().cloned().collect();
         for name in names {
             st.push_health(&name);
+        }
+        if st.any_awaiting() {
+            // Recovered pending claims: attribute or release them.
+            let _ = self.followup.send(());
         }
     }
 

@@ -370,8 +370,13 @@ pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
     }
 }
 
-/// After each Allocate, lists kubelet's pod resources (backing off) until
-/// no slot awaits attribution, or `limit` passed.
+/// After each Allocate (or poke), lists kubelet's pod resources until no
+/// slot awaits attribution, or `limit` passed since the last poke. Lists
+/// back off (20 ms doubling up to 2 s), start over on a poke (a poke
+/// arriving during a wait cuts it short), and one list is always made right
+/// after the next settle instant of a pending claim, so a slot whose pod
+/// was deleted before it was attributed is released about `settle_ms` after
+/// the Allocate, not after the pending timeout.
 pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
     core: Arc<Core<L, C>>,
     podres: PodResourcesClient,
@@ -379,12 +384,19 @@ pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
     limit: Duration,
 ) {
     const FIRST: Duration = Duration::from_millis(20);
+    const MAX: Duration = Duration::from_secs(2);
     while pokes.recv().await.is_some() {
         let mut delay = FIRST;
         let mut deadline = Instant::now() + limit;
         loop {
-            tokio::time::sleep(delay).await;
-            let mut poked = false;
+            let mut poked = tokio::select! {
+                () = tokio::time::sleep(delay) => false,
+                Some(()) = pokes.recv() => true,
+            };
+            if poked {
+                // Give kubelet a moment to record the Allocate answer.
+                tokio::time::sleep(FIRST).await;
+            }
             while pokes.try_recv().is_ok() {
                 poked = true;
             }
@@ -392,21 +404,20 @@ pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
                 deadline = Instant::now() + limit;
             }
             let at = now();
-            let awaiting = match podres.list().await {
+            let (awaiting, settle) = match podres.list().await {
                 Ok(pods) => core.podresources_listed(&pods, at).await,
                 Err(e) => {
                     tracing::debug!(error = %e, "pod resources List failed");
-                    true
+                    (true, None)
                 }
             };
             if !awaiting || Instant::now() >= deadline {
                 break;
             }
-            delay = if poked {
-                FIRST
-            } else {
-                (delay * 2).min(Duration::from_secs(2))
-            };
+            delay = if poked { FIRST } else { (delay * 2).min(MAX) };
+            if let Some(settle) = settle {
+                delay = delay.min(settle);
+            }
         }
     }
 }

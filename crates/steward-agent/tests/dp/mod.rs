@@ -154,6 +154,7 @@ impl Node {
         dp.op_timeout = Duration::from_secs(2);
         dp.slots = SlotConfig {
             pending_timeout_ms: 20_000,
+            settle_ms: SlotConfig::DEFAULT_SETTLE_MS,
         };
         cfg.device_plugins = Some(dp);
         cfg

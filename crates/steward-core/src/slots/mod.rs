@@ -23,12 +23,16 @@
 //!   [`SlotLedger::claim_conflict`] (another node holds a slot) or
 //!   [`SlotLedger::abort`] (any other failure) → answer with an error and
 //!   carry out the returned effects (they undo the plan). **Allocate is
-//!   never answered OK before `commit` returned `Ok`.** A plan still
+//!   never answered OK before `commit` returned `Ok`**, and `commit` is
+//!   given the time of the answer. A plan still
 //!   outstanding after `pending_timeout_ms` is rolled back on
 //!   [`SlotLedger::tick`]; its `commit` then fails.
 //! * Right after answering OK the adapter queries kubelet pod resources
 //!   (`List` or `Get`) and feeds [`SlotLedger::podresources_listed`] /
 //!   [`SlotLedger::podresources_got`]: this binds the slots to the pod.
+//!   While claims await attribution it keeps listing (backing off), and
+//!   lists at [`SlotLedger::next_settle`] so that a pending claim whose pod
+//!   is already gone is released promptly (settle rule below).
 //! * **Other effects** — [`Effect::WriteClaim`] and [`Effect::DeleteClaim`]
 //!   are carried out in order, per slot in the order given; deletes are
 //!   conditional on the epoch so a late delete never removes a newer claim.
@@ -80,6 +84,17 @@
 //! * A **pending** claim (no holder) still awaiting after
 //!   `pending_timeout_ms` is freed; an awaiting claim with a (live) holder
 //!   just stops awaiting.
+//! * **Settle**: a pending claim (awaiting, no holder, Allocate answered) is
+//!   freed at once by a full pod-resources `List` taken at least
+//!   `settle_ms` after the Allocate was answered that mentions the slot
+//!   nowhere. kubelet records a pod's devices when it receives the Allocate
+//!   response and keeps them until the pod is removed, so such a list
+//!   proves no pod on this node holds the slot (the pod was deleted before
+//!   any snapshot attributed the slot to it). Any mention of the slot, by
+//!   any pod in any state, keeps the claim: an entry naming a pod the watch
+//!   has not delivered, or has seen terminate, may be a new pod of the same
+//!   name, so it waits for the pod's events or the pending timeout as
+//!   before. A `Get` (one pod) never releases anything.
 //! * Pod resources bind: a snapshot taken at `t` naming a live pod for a
 //!   slot makes that pod the holder if the claim is pending or was bound
 //!   before `t` (older snapshots never override newer bindings), clears

@@ -17,18 +17,36 @@ pub struct SlotConfig {
     /// pod-resources entry naming a pod the pod watch has not delivered yet
     /// is kept. Must exceed the pod watch latency.
     pub pending_timeout_ms: u64,
+    /// How long after an Allocate was answered kubelet has certainly
+    /// recorded the devices it handed to the pod (kubelet stores a pod's
+    /// devices when it receives the Allocate response and keeps them until
+    /// the pod is removed). A full pod-resources `List` taken at least this
+    /// long after the answer that shows no pod using a still unattributed
+    /// slot releases it at once: the pod it was allocated for is gone.
+    /// Should be well below `pending_timeout_ms`.
+    #[serde(default = "SlotConfig::default_settle_ms")]
+    pub settle_ms: u64,
 }
 
 impl SlotConfig {
     /// One minute: Allocate is followed within seconds by container creation,
     /// a pod-resources query and the pod watch event.
     pub const DEFAULT_PENDING_TIMEOUT_MS: u64 = 60_000;
+
+    /// One second: kubelet records a pod's devices right after the Allocate
+    /// response arrives, well within this.
+    pub const DEFAULT_SETTLE_MS: u64 = 1_000;
+
+    fn default_settle_ms() -> u64 {
+        Self::DEFAULT_SETTLE_MS
+    }
 }
 
 impl Default for SlotConfig {
     fn default() -> Self {
         Self {
             pending_timeout_ms: Self::DEFAULT_PENDING_TIMEOUT_MS,
+            settle_ms: Self::DEFAULT_SETTLE_MS,
         }
     }
 }

@@ -25,10 +25,12 @@ const NODE: &str = "node-a";
 const OTHER_NODES: [&str; 2] = ["node-b", "node-c"];
 const TIMEOUT: u64 = 10_000;
 const WATCH_LATENCY: u64 = TIMEOUT / 2;
+const SETTLE: u64 = 1_000;
 
 fn config() -> SlotConfig {
     SlotConfig {
         pending_timeout_ms: TIMEOUT,
+        settle_ms: SETTLE,
     }
 }
 
@@ -285,6 +287,24 @@ impl Sim {
         let list = self.podresources();
         let effects = self.ledger.podresources_listed(&list, Millis(self.now));
         self.apply(effects);
+        // Settle rule: a pending claim whose Allocate was answered (here at
+        // the Allocate time, or the restart that recovered it) at least
+        // SETTLE ago is gone once a list does not mention its slot.
+        let listed: BTreeSet<&str> = list
+            .iter()
+            .flat_map(|p| &p.containers)
+            .flat_map(|c| &c.devices)
+            .flat_map(|d| &d.device_ids)
+            .map(String::as_str)
+            .collect();
+        for claim in self.ledger.claims() {
+            let settled = claim.awaiting.is_some_and(|a| self.now >= a.0 + SETTLE);
+            assert!(
+                !(settled && claim.holding.holder.is_none() && !listed.contains(claim.slot())),
+                "pending {} not mentioned by a list taken after settle, yet kept: {claim:?}",
+                claim.slot()
+            );
+        }
     }
 
     /// One Allocate as the adapter runs it. Returns whether it was answered OK.
@@ -328,7 +348,7 @@ impl Sim {
             return false;
         }
         self.ledger
-            .commit(plan.id)
+            .commit(plan.id, Millis(self.now))
             .unwrap_or_else(|e| panic!("{e}"));
         // Durable before the answer: locally, and in the cluster for shared
         // devices (offline only if this node already held it there).
@@ -844,7 +864,8 @@ fn p_history(l: &mut SlotLedger, at: u64) {
     let plan = l
         .allocate(&P_SLOTS.map(str::to_owned), Millis(at))
         .unwrap_or_else(|e| panic!("{e}"));
-    l.commit(plan.id).unwrap_or_else(|e| panic!("{e}"));
+    l.commit(plan.id, Millis(at))
+        .unwrap_or_else(|e| panic!("{e}"));
     l.pod_observed(&PodInfo {
         uid: "uid-p".into(),
         namespace: "default".into(),
@@ -861,7 +882,7 @@ fn apply_noise(l: &mut SlotLedger, n: &Noise, now: &mut u64) {
         Noise::Allocate { slot, finish } => {
             if let Ok(plan) = l.allocate(&[NOISE_SLOTS[slot].to_owned()], Millis(*now)) {
                 match finish {
-                    0 => drop(l.commit(plan.id)),
+                    0 => drop(l.commit(plan.id, Millis(*now))),
                     1 => drop(l.abort(plan.id)),
                     _ => {} // left outstanding
                 }

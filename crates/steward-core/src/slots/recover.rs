@@ -56,11 +56,12 @@ impl SlotLedger {
     /// * held by a pod that is gone (deleted, terminal, or not listed), with
     ///   no Allocate awaiting: freed;
     /// * no holder, or a gone holder with an Allocate awaiting: kept as a
-    ///   pending claim with a fresh window from `now` (the watch and pod
-    ///   resources may lag a restart), except that a pending claim of a
-    ///   shared device missing from a reachable cluster is dropped (such an
-    ///   Allocate was never answered: shared claims are answered only once
-    ///   the cluster holds them);
+    ///   pending claim with a fresh window (and settle window,
+    ///   [`SlotConfig::settle_ms`]) from `now` (the watch and pod resources
+    ///   may lag a restart), except that a pending claim of a shared device
+    ///   missing from a reachable cluster is dropped (such an Allocate was
+    ///   never answered: shared claims are answered only once the cluster
+    ///   holds them);
     /// * claimed by another node in the cluster and not held by a live pod:
     ///   dropped. With a live holder the claim is kept but not written to
     ///   the cluster (the slot reports Unhealthy).
@@ -138,6 +139,7 @@ impl SlotLedger {
                     holder: Some(holder),
                     since: record.holding.since,
                     awaiting: record.awaiting.map(|_| now),
+                    answered: record.awaiting.map(|_| now),
                     plan: None,
                 })
             } else if (record.holding.holder.is_some() && record.awaiting.is_none())
@@ -153,6 +155,7 @@ impl SlotLedger {
                     holder: None,
                     since: record.awaiting.unwrap_or(record.holding.since),
                     awaiting: Some(now),
+                    answered: Some(now),
                     plan: None,
                 })
             };

@@ -18,6 +18,11 @@ pub(super) struct LocalClaim {
     pub(super) holder: Option<Holder>,
     pub(super) since: Millis,
     pub(super) awaiting: Option<Millis>,
+    /// When the latest Allocate of this slot was answered (its plan
+    /// committed), or the recovery time for a claim recovered awaiting.
+    /// Not stored: kubelet has certainly recorded the slot's pod
+    /// `settle_ms` after this (see [`SlotConfig::settle_ms`]).
+    pub(super) answered: Option<Millis>,
     /// The outstanding allocate plan writing this claim.
     pub(super) plan: Option<PlanId>,
 }
@@ -322,6 +327,7 @@ impl SlotLedger {
                     holder: None,
                     since: at,
                     awaiting: None,
+                    answered: None,
                     plan: None,
                 });
             plan.slots.push((slot.clone(), claim.awaiting));
@@ -367,9 +373,11 @@ impl SlotLedger {
         Ok(())
     }
 
-    /// Every write of the plan is durable: the adapter may answer Allocate.
-    /// Writes of a [`Target::Local`] plan are queued for the cluster.
-    pub fn commit(&mut self, plan: PlanId) -> Result<(), PlanError> {
+    /// Every write of the plan is durable: the adapter may answer Allocate,
+    /// and does so right after this (`at` is the time of the answer; the
+    /// settle window of [`SlotConfig::settle_ms`] starts there). Writes of a
+    /// [`Target::Local`] plan are queued for the cluster.
+    pub fn commit(&mut self, plan: PlanId, at: Millis) -> Result<(), PlanError> {
         let p = self
             .plans
             .remove(&plan)
@@ -379,6 +387,7 @@ impl SlotLedger {
                 && c.plan == Some(plan)
             {
                 c.plan = None;
+                c.answered = Some(at.max(p.at));
                 if p.target.cluster() {
                     self.in_cluster.insert(slot);
                 } else {
@@ -538,13 +547,69 @@ impl SlotLedger {
 
     // ----- pod resources -------------------------------------------------
 
-    /// A full kubelet pod-resources `List`, taken at `at`. Replaces every
-    /// entry still waiting for its pod.
+    /// A full kubelet pod-resources `List`, taken at `at` (read the clock
+    /// before sending the request). Replaces every entry still waiting for
+    /// its pod.
+    ///
+    /// Also releases, at once, every pending claim (awaiting, no holder, its
+    /// Allocate answered) whose slot the list does not mention at all when
+    /// the list was taken at least `settle_ms` after the Allocate was
+    /// answered: kubelet records a pod's devices when it receives the
+    /// Allocate response and keeps them until the pod is removed, so the pod
+    /// the slot was handed to is gone. Any mention of the slot keeps the
+    /// claim, whatever the pod's state or resource name: an entry naming a
+    /// pod the watch has not delivered, or has seen terminate, may be a new
+    /// pod of that name; such claims go the usual way (bound when the pod
+    /// is seen, released by its events or the pending timeout).
     pub fn podresources_listed(&mut self, pods: &[PodResources], at: Millis) -> Vec<Effect> {
         self.unresolved.clear();
         let mut effects = Vec::new();
         self.apply_podresources(pods, at, &mut effects);
+        self.release_settled(pods, at, &mut effects);
         effects
+    }
+
+    /// Whether `c` is a pending claim a full list taken at `at` may release
+    /// when it does not mention the slot.
+    fn settled(&self, c: &LocalClaim, at: Millis) -> bool {
+        c.plan.is_none()
+            && c.holder.is_none()
+            && c.awaiting.is_some()
+            && c.answered
+                .is_some_and(|t| at >= t && at.since(t) >= self.config.settle_ms)
+    }
+
+    fn release_settled(&mut self, pods: &[PodResources], at: Millis, effects: &mut Vec<Effect>) {
+        let listed: BTreeSet<&str> = pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .flat_map(|c| &c.devices)
+            .flat_map(|d| &d.device_ids)
+            .map(String::as_str)
+            .collect();
+        let gone: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(slot, c)| !listed.contains(slot.as_str()) && self.settled(c, at))
+            .map(|(slot, _)| slot.clone())
+            .collect();
+        for slot in gone {
+            self.free(&slot, effects);
+        }
+    }
+
+    /// The earliest time after `after` at which a full pod-resources list
+    /// could release a pending claim by the settle rule (see
+    /// [`SlotLedger::podresources_listed`]); `None` when no pending claim
+    /// is waiting for its settle time. The adapter lists then.
+    pub fn next_settle(&self, after: Millis) -> Option<Millis> {
+        self.claims
+            .values()
+            .filter(|c| c.plan.is_none() && c.holder.is_none() && c.awaiting.is_some())
+            .filter_map(|c| c.answered)
+            .map(|t| Millis(t.0.saturating_add(self.config.settle_ms)))
+            .filter(|due| *due > after)
+            .min()
     }
 
     /// A kubelet pod-resources `Get` for one pod, taken at `at`.
@@ -631,6 +696,7 @@ impl SlotLedger {
                     holder: Some(holder),
                     since: at,
                     awaiting: None,
+                    answered: None,
                     plan: None,
                 },
             );

@@ -7,6 +7,7 @@ use crate::ledger::{Holder, Holding, Holdings, PodRef};
 const NODE: &str = "node-a";
 const OTHER: &str = "node-b";
 const TIMEOUT: u64 = 1_000;
+const SETTLE: u64 = 200;
 
 fn inst(name: &str, capacity: u32, shared: bool) -> InstanceInfo {
     InstanceInfo {
@@ -22,6 +23,7 @@ fn inst(name: &str, capacity: u32, shared: bool) -> InstanceInfo {
 fn config() -> SlotConfig {
     SlotConfig {
         pending_timeout_ms: TIMEOUT,
+        settle_ms: SETTLE,
     }
 }
 
@@ -89,7 +91,7 @@ fn pr(name: &str, containers: &[(&str, &[&str])]) -> PodResources {
 
 fn allocate_ok(l: &mut SlotLedger, slots: &[&str], at: u64) -> AllocatePlan {
     let plan = l.allocate(&ids(slots), Millis(at)).unwrap();
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(at)).unwrap();
     plan
 }
 
@@ -179,7 +181,7 @@ fn ordering_allocate_after_delete_completed_claims_the_free_slot() {
     assert_eq!(plan.writes[0].holding.holder, None);
     assert_eq!(plan.writes[0].awaiting, Some(Millis(20)));
     assert_eq!(plan.writes[0].node, NODE);
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(20)).unwrap();
 
     l.pod_observed(&pod("uid-b", "b", PodPhase::Pending));
     l.podresources_got(&pr("b", &[("main", &["last-0"])]), Millis(21));
@@ -195,7 +197,7 @@ fn ordering_allocate_while_delete_is_being_processed_survives_the_late_delete() 
     for w in &plan.writes {
         store.write(w);
     }
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(10)).unwrap();
     l.pod_observed(&pod("uid-a", "a", PodPhase::Running));
     store.apply(&l.podresources_got(&pr("a", &[("main", &["last-0"])]), Millis(11)));
 
@@ -207,7 +209,7 @@ fn ordering_allocate_while_delete_is_being_processed_survives_the_late_delete() 
     for w in &plan.writes {
         store.write(w);
     }
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(12)).unwrap();
     let new_epoch = plan.writes[0].epoch;
 
     // The late delete lands: the newer claim survives.
@@ -226,7 +228,7 @@ fn ordering_allocate_before_delete_admits_next_pod_on_last_slot_akri_849() {
     // Deleted event of A reaches the agent.
     let plan = l.allocate(&ids(&["last-0"]), Millis(30));
     let plan = plan.expect("B must be admitted, never UnexpectedAdmissionError");
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(30)).unwrap();
     assert_eq!(l.claim("last-0").unwrap().awaiting, Some(Millis(30)));
 
     l.pod_observed(&pod("uid-b", "b", PodPhase::Pending));
@@ -358,6 +360,7 @@ fn pending_claim_is_released_after_the_configured_timeout() {
             NODE,
             SlotConfig {
                 pending_timeout_ms: timeout,
+                settle_ms: SETTLE,
             },
         );
         l.instance_upserted(inst("usb", 2, false));
@@ -527,7 +530,7 @@ fn local_device_allocates_offline_and_its_claim_is_synced_on_reconnect() {
     l.cluster_reachability(false);
     let plan = l.allocate(&ids(&["usb-0"]), Millis(10)).unwrap();
     assert_eq!(plan.target, Target::Local);
-    l.commit(plan.id).unwrap();
+    l.commit(plan.id, Millis(10)).unwrap();
     assert_eq!(l.unsynced(), ids(&["usb-0"]));
     // Binding while offline stays local too.
     l.pod_observed(&pod("uid-a", "a", PodPhase::Running));
@@ -598,7 +601,10 @@ fn lost_claim_race_rolls_the_plan_back_and_marks_the_slot_held_elsewhere() {
     assert!(l.claims().is_empty());
     assert_eq!(health(&l, "cam-1"), Health::Unhealthy);
     assert_eq!(l.held_elsewhere("cam-1"), Some(OTHER));
-    assert_eq!(l.commit(plan.id), Err(PlanError::UnknownPlan(plan.id)));
+    assert_eq!(
+        l.commit(plan.id, Millis(20)),
+        Err(PlanError::UnknownPlan(plan.id))
+    );
 }
 
 #[test]
@@ -629,7 +635,7 @@ fn outstanding_plan_blocks_a_second_allocate_and_expires() {
     assert!(l.tick(Millis(10 + TIMEOUT - 1)).is_empty());
     let effects = l.tick(Millis(10 + TIMEOUT));
     assert_eq!(deletes(&effects), vec![("usb-0".to_owned(), Target::Both)]);
-    let err = l.commit(plan.id).unwrap_err();
+    let err = l.commit(plan.id, Millis(10 + TIMEOUT)).unwrap_err();
     assert!(err.to_string().contains("not outstanding"), "{err}");
 }
 
@@ -1001,4 +1007,147 @@ fn recover_offline_shared_claim_is_not_reallocated_until_the_cluster_confirms_it
     l.cluster_reachability(false);
     let plan = l.allocate(&ids(&["cam-0"]), Millis(1_000_002)).unwrap();
     assert_eq!(plan.target, Target::Local);
+}
+
+// ----- settle: pending claims whose pod is already gone ---------------------
+
+#[test]
+fn pod_deleted_before_attribution_is_released_by_the_first_list_after_settle() {
+    let mut l = ledger();
+    allocate_ok(&mut l, &["last-0"], 100);
+    // The pod is admitted and deleted before any snapshot attributed the
+    // slot to it: its events name no slot.
+    assert!(!touches(
+        &l.pod_observed(&pod("uid-a", "a", PodPhase::Pending)),
+        "last-0"
+    ));
+    assert!(!touches(&l.pod_observed(&deleted("uid-a", "a")), "last-0"));
+    assert_eq!(l.claim("last-0").unwrap().awaiting, Some(Millis(100)));
+
+    // Lists before the settle time do not release (kubelet may not have
+    // recorded the pod's devices yet).
+    for at in [100, 101, 100 + SETTLE / 2, 100 + SETTLE - 1] {
+        let effects = l.podresources_listed(&[], Millis(at));
+        assert!(effects.is_empty(), "list at {at}: {effects:?}");
+        assert!(l.claim("last-0").is_some(), "released by a list at {at}");
+    }
+    // The first list at or after settle does, in both stores, long before
+    // the pending timeout.
+    let effects = l.podresources_listed(&[pr("x", &[("main", &["usb-1"])])], Millis(100 + SETTLE));
+    assert_eq!(deletes(&effects), vec![("last-0".to_owned(), Target::Both)]);
+    assert_eq!(l.claim("last-0"), None);
+    assert_eq!(health(&l, "last-0"), Health::Healthy);
+    // The slot allocates again at once.
+    allocate_ok(&mut l, &["last-0"], 100 + SETTLE + 1);
+}
+
+#[test]
+fn settle_counts_from_the_answer_not_from_the_allocate() {
+    let mut l = ledger();
+    let plan = l.allocate(&ids(&["cam-0"]), Millis(100)).unwrap();
+    assert_eq!(l.next_settle(Millis(0)), None, "outstanding plan");
+    // A slow cluster write: the plan is outstanding past the settle time.
+    assert!(
+        l.podresources_listed(&[], Millis(100 + 2 * SETTLE))
+            .is_empty()
+    );
+    assert!(l.claim("cam-0").is_some());
+    let answered = 100 + 3 * SETTLE;
+    l.commit(plan.id, Millis(answered)).unwrap();
+    assert_eq!(
+        l.next_settle(Millis(answered)),
+        Some(Millis(answered + SETTLE))
+    );
+    assert!(
+        l.podresources_listed(&[], Millis(answered + SETTLE - 1))
+            .is_empty()
+    );
+    assert!(l.claim("cam-0").is_some());
+    let effects = l.podresources_listed(&[], Millis(answered + SETTLE));
+    assert_eq!(deletes(&effects), vec![("cam-0".to_owned(), Target::Both)]);
+    assert_eq!(l.next_settle(Millis(0)), None);
+}
+
+#[test]
+fn list_mentioning_the_slot_keeps_the_pending_claim() {
+    let mut l = ledger();
+    allocate_ok(&mut l, &["last-0", "usb-0", "usb-1", "cam-0"], 100);
+    l.pod_observed(&pod("uid-t", "t", PodPhase::Running));
+    l.pod_observed(&pod("uid-t", "t", PodPhase::Failed));
+    let late = Millis(100 + 3 * SETTLE);
+    let mut other_resource = pr("o", &[("main", &["cam-0"])]);
+    other_resource.containers[0].devices[0].resource_name = "vendor.example/cam".into();
+    let effects = l.podresources_listed(
+        &[
+            // A pod the watch has not delivered (maybe the pod it went to).
+            pr("b", &[("main", &["last-0"])]),
+            // A pod the watch saw terminate: may be a new pod of that name.
+            pr("t", &[("main", &["usb-0"])]),
+            other_resource,
+        ],
+        late,
+    );
+    // Only usb-1, mentioned nowhere, is released.
+    assert_eq!(deletes(&effects), vec![("usb-1".to_owned(), Target::Both)]);
+    for slot in ["last-0", "usb-0", "cam-0"] {
+        let claim = l.claim(slot).unwrap();
+        assert_eq!(claim.holding.holder, None, "{slot}");
+        assert_eq!(claim.awaiting, Some(Millis(100)), "{slot}");
+    }
+    // b is delivered: its entry binds last-0, which no list releases now.
+    l.pod_observed(&pod("uid-b", "b", PodPhase::Running));
+    assert_eq!(holder_uid(&l, "last-0").as_deref(), Some("uid-b"));
+    assert!(!touches(
+        &l.podresources_listed(&[], Millis(late.0 + 1)),
+        "last-0"
+    ));
+    assert_eq!(holder_uid(&l, "last-0").as_deref(), Some("uid-b"));
+}
+
+#[test]
+fn settle_releases_only_by_full_lists_and_never_a_holder() {
+    let mut l = ledger();
+    // usb-0: bound to a, then allocated again (kubelet retry); awaiting
+    // with a live holder.
+    bind(&mut l, "uid-a", "a", &["usb-0"], 10);
+    allocate_ok(&mut l, &["usb-0"], 20);
+    // usb-1: pending, its pod never seen.
+    allocate_ok(&mut l, &["usb-1"], 20);
+    let late = 20 + 2 * SETTLE;
+    // A Get of some pod proves nothing about the others.
+    assert!(l.podresources_got(&pr("z", &[]), Millis(late)).is_empty());
+    assert!(l.claim("usb-1").is_some());
+    // A full list not mentioning either: the pending one goes, the held
+    // one stays with its holder.
+    let effects = l.podresources_listed(&[], Millis(late));
+    assert_eq!(deletes(&effects), vec![("usb-1".to_owned(), Target::Both)]);
+    assert_eq!(holder_uid(&l, "usb-0").as_deref(), Some("uid-a"));
+    // a ends while its slot awaits: the claim becomes pending, and the
+    // next list (settle long passed) releases it.
+    let effects = l.pod_observed(&deleted("uid-a", "a"));
+    assert!(deletes(&effects).is_empty());
+    assert_eq!(
+        l.next_settle(Millis(late)),
+        None,
+        "settle time already passed"
+    );
+    let effects = l.podresources_listed(&[], Millis(late + 1));
+    assert_eq!(deletes(&effects), vec![("usb-0".to_owned(), Target::Both)]);
+    assert!(l.claims().is_empty());
+}
+
+#[test]
+fn recovered_pending_claim_settles_from_the_recovery_time() {
+    let mut inp = input();
+    let now = inp.now;
+    inp.local = vec![pending_claim("usb-0", 3, 500)];
+    let (mut l, _) = SlotLedger::recover(NODE, config(), inp);
+    assert_eq!(l.next_settle(now), Some(Millis(now.0 + SETTLE)));
+    assert!(
+        l.podresources_listed(&[], Millis(now.0 + SETTLE - 1))
+            .is_empty()
+    );
+    assert!(l.claim("usb-0").is_some());
+    let effects = l.podresources_listed(&[], Millis(now.0 + SETTLE));
+    assert_eq!(deletes(&effects), vec![("usb-0".to_owned(), Target::Both)]);
 }
