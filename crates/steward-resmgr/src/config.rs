@@ -44,6 +44,9 @@ pub struct ProxyConfig {
     pub verify_interval: Duration,
     /// Metrics sink.
     pub metrics: Metrics,
+    /// Cluster interface: configuration from ConfigMaps (overriding the
+    /// file while one applies) and publishing to the Node. `None` = off.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl ProxyConfig {
@@ -67,6 +70,7 @@ impl ProxyConfig {
             runtime_probe: Duration::from_secs(1),
             verify_interval: Duration::from_secs(30),
             metrics: Metrics::default(),
+            cluster: None,
         }
     }
 }

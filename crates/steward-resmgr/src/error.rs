@@ -88,6 +88,15 @@ pub enum ResmgrError {
         /// What failed.
         reason: String,
     },
+    /// Talking to the API server (cluster configuration, node publishing)
+    /// failed.
+    #[error("cluster: {action}: {reason}")]
+    Cluster {
+        /// What was being done.
+        action: String,
+        /// What failed.
+        reason: String,
+    },
     /// The proxy is shutting down.
     #[error("the resource manager is shutting down")]
     ShuttingDown,

@@ -13,10 +13,15 @@
 //! policy; the event pipeline (re-sync, drift, configuration, read-back)
 //! takes the same lock. Relayed calls never wait on it.
 //!
+//! Optionally ([`ProxyConfig::cluster`]) configuration also comes from
+//! ConfigMaps and the policy and topology are published on the Node (see
+//! [`cluster`]).
+//!
 //! Start it with [`run`], or [`Proxy::start`] to keep a handle (tests).
 
 pub mod cache;
 pub mod cgroups;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod error;
@@ -31,12 +36,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use steward_core::cpu::{PolicyKind, new_policy};
 use steward_proto::cri::runtime::v1 as cri;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use cluster::ClusterConfig;
 pub use config::{FileConfig, ProxyConfig};
 pub use error::ResmgrError;
 pub use metrics::Metrics;
@@ -88,7 +95,7 @@ impl Proxy {
     pub async fn start(cfg: ProxyConfig) -> Result<Proxy, ResmgrError> {
         let topology = steward_topology::discover(&cfg.sysfs_root)
             .map_err(|e| ResmgrError::Topology(e.to_string()))?;
-        let (mut file_cfg, file_text) = match &cfg.config_file {
+        let (file_cfg, file_text) = match &cfg.config_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| ResmgrError::Config {
                     path: path.clone(),
@@ -98,6 +105,25 @@ impl Proxy {
             }
             None => (FileConfig::default(), None),
         };
+        let mut sources = cluster::ConfigSources::new(file_cfg);
+        let mut cluster_updates = None;
+        if let Some(c) = &cfg.cluster {
+            let mut updates = Box::pin(cluster::watch(c, cfg.metrics.clone()));
+            match tokio::time::timeout(c.initial_timeout, updates.next()).await {
+                Ok(Some(u)) => {
+                    sources.cluster_changed(u);
+                }
+                Ok(None) => {}
+                Err(_) => warn!(
+                    node = %c.node_name,
+                    namespace = %c.namespace,
+                    timeout = ?c.initial_timeout,
+                    "no cluster configuration yet; starting with the file (or the defaults)"
+                ),
+            }
+            cluster_updates = Some(updates);
+        }
+        let mut file_cfg = sources.effective().clone();
         let upstream = relay::Upstream::new(&cfg.runtime, cfg.runtime_timeout)?;
         let (cache, outcome) = cache::Cache::open(&cfg.state_dir)?;
         info!(?outcome, path = %cache.path().display(), "cache opened");
@@ -148,14 +174,51 @@ impl Proxy {
                 cfg.metrics.clone(),
             )));
         }
+        let (cluster_tx, mut cluster_rx) = mpsc::channel(4);
+        if let Some(mut updates) = cluster_updates {
+            tasks.push(tokio::spawn(async move {
+                while let Some(u) = updates.next().await {
+                    if cluster_tx.send(u).await.is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
+        let (publish_tx, publish_rx) = watch::channel(None);
+        if let Some(c) = &cfg.cluster {
+            let _ = publish_tx.send(Some(manager.publication().await));
+            tasks.push(tokio::spawn(cluster::NodePublisher::new(c).run(
+                publish_rx,
+                c.publish_retry,
+                cfg.metrics.clone(),
+            )));
+        }
         {
             let m = manager.clone();
+            let publish = cfg.cluster.is_some();
             tasks.push(tokio::spawn(async move {
                 loop {
-                    tokio::select! {
-                        Some(e) = events_rx.recv() => m.handle(e).await,
-                        Some(c) = cfg_rx.recv() => m.handle(Event::Config(Box::new(c))).await,
+                    let apply = tokio::select! {
+                        Some(e) = events_rx.recv() => {
+                            m.handle(e).await;
+                            None
+                        }
+                        Some(c) = cfg_rx.recv() => sources.file_changed(c),
+                        Some(u) = cluster_rx.recv() => sources.cluster_changed(u),
                         else => break,
+                    };
+                    if let Some(c) = apply {
+                        m.handle(Event::Config(Box::new(c))).await;
+                        if publish {
+                            let p = m.publication().await;
+                            publish_tx.send_if_modified(|cur| {
+                                let changed = cur.as_ref() != Some(&p);
+                                if changed {
+                                    *cur = Some(p);
+                                }
+                                changed
+                            });
+                        }
                     }
                 }
             }));

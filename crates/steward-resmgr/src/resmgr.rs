@@ -1507,6 +1507,13 @@ impl ResourceManager {
         self.state.lock().await.policy.kind()
     }
 
+    /// What the node publisher shows: the running policy on this topology
+    /// with the running parameters.
+    pub async fn publication(&self) -> crate::cluster::Publication {
+        let st = self.state.lock().await;
+        crate::cluster::Publication::new(&st.topology, st.policy.kind(), &st.config.policy.config)
+    }
+
     /// The running configuration.
     pub async fn config(&self) -> FileConfig {
         self.state.lock().await.config.clone()

@@ -35,6 +35,17 @@ pub struct CriProxyArgs {
     /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
+    /// Take configuration from the cluster (ConfigMaps steward-resmgr.node.<node> >
+    /// steward-resmgr.group.<group> > steward-resmgr.default) and publish the policy
+    /// and topology on the Node; needs this node's name.
+    #[arg(long, requires = "node_name")]
+    cluster: bool,
+    /// This node's name (the Kubernetes Node name), with --cluster.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Namespace of the configuration ConfigMaps, with --cluster.
+    #[arg(long, default_value = "kube-system")]
+    config_namespace: String,
 }
 
 pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
@@ -44,6 +55,14 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     cfg.sysfs_root = args.sysfs_root;
     cfg.cgroup_root = args.cgroup_root;
     cfg.verify_interval = args.verify_interval;
+    if let (true, Some(node)) = (args.cluster, args.node_name) {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API for --cluster")?;
+        let mut cluster = steward_resmgr::ClusterConfig::new(client, node);
+        cluster.namespace = args.config_namespace;
+        cfg.cluster = Some(cluster);
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Metrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {
