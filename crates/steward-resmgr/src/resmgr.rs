@@ -374,14 +374,7 @@ impl ResourceManager {
             )
             .await?;
         let mut st = self.state.lock().await;
-        let ids: Vec<String> = st
-            .cache
-            .data()
-            .containers
-            .values()
-            .filter(|c| c.pod_id == id)
-            .map(|c| c.id.clone())
-            .collect();
+        let ids = containers_of_pod(&st, &id);
         for cid in &ids {
             self.release_container(&mut st, cid).await;
             if let Some(c) = st.cache.data_mut().containers.get_mut(cid) {
@@ -409,14 +402,7 @@ impl ResourceManager {
             )
             .await?;
         let mut st = self.state.lock().await;
-        let ids: Vec<String> = st
-            .cache
-            .data()
-            .containers
-            .values()
-            .filter(|c| c.pod_id == id)
-            .map(|c| c.id.clone())
-            .collect();
+        let ids = containers_of_pod(&st, &id);
         for cid in &ids {
             self.release_container(&mut st, cid).await;
             st.cache.data_mut().containers.remove(cid);
@@ -1551,4 +1537,15 @@ impl ResourceManager {
         self.save(&st);
         Ok(())
     }
+}
+
+/// IDs of the cached containers of pod `pod_id`.
+fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
+    st.cache
+        .data()
+        .containers
+        .values()
+        .filter(|c| c.pod_id == pod_id)
+        .map(|c| c.id.clone())
+        .collect()
 }
