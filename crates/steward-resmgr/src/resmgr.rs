@@ -267,7 +267,7 @@ impl ResourceManager {
     /// record the new assignment and send `UpdateContainerResources` where
     /// it differs from what the runtime has.
     async fn apply_decision(&self, st: &mut State, d: &Decision, except: Option<&str>) {
-        for (key, a) in &d.changed {
+        for (key, a) in d.iter() {
             for id in st.cache.ids_for_key(key) {
                 if Some(id.as_str()) == except {
                     continue;
@@ -330,7 +330,7 @@ impl ResourceManager {
         }
         st.pending.remove(id);
         let d = st.policy.release(&key);
-        debug!(container_id = %id, %key, others = d.changed.len(), "released");
+        debug!(container_id = %id, %key, others = d.len(), "released");
         self.apply_decision(st, &d, Some(id)).await;
     }
 
@@ -1179,11 +1179,8 @@ impl ResourceManager {
             .collect();
         match st.policy.restore(entries) {
             Ok(d) => {
-                if !d.changed.is_empty() {
-                    info!(
-                        changed = d.changed.len(),
-                        "restored policy moved containers"
-                    );
+                if !d.is_empty() {
+                    info!(changed = d.len(), "restored policy moved containers");
                 }
                 self.apply_decision(st, &d, None).await;
             }
@@ -1318,7 +1315,7 @@ impl ResourceManager {
         } else if cfg.policy.config != st.config.policy.config {
             match st.policy.reconfigure(&cfg.policy.config) {
                 Ok(d) => {
-                    info!(changed = d.changed.len(), "policy parameters changed live");
+                    info!(changed = d.len(), "policy parameters changed live");
                     self.apply_decision(&mut st, &d, None).await;
                     st.config.policy.config = cfg.policy.config.clone();
                     Ok(())
@@ -1350,14 +1347,13 @@ impl ResourceManager {
             })?;
             placed.insert(r.key.clone(), ());
         }
-        let d = Decision {
-            changed: next
-                .assignments()
+        let d = Decision::from(
+            next.assignments()
                 .iter()
                 .filter(|(k, _)| placed.contains_key(*k))
                 .map(|(k, a)| (k.clone(), a.clone()))
-                .collect(),
-        };
+                .collect::<BTreeMap<_, _>>(),
+        );
         info!(
             from = st.policy.kind().as_str(),
             to = kind.as_str(),

@@ -133,7 +133,7 @@ fn offline_and_isolated_cpus() {
         let mut p = new_policy(kind, &t, &PolicyConfig::default()).unwrap();
         let d = p.allocate(&request("g", Qos::Guaranteed, 2000)).unwrap();
         let d2 = p.allocate(&request("b", Qos::Burstable, 500)).unwrap();
-        for a in d.changed.values().chain(d2.changed.values()) {
+        for a in d.iter().map(|(_, a)| a).chain(d2.iter().map(|(_, a)| a)) {
             assert!(a.cpus.is_disjoint(&set("2-3,6-7")), "{kind:?}: {a:?}");
         }
     }
@@ -247,7 +247,8 @@ fn this_machine() {
     let mut p = new_policy(PolicyKind::TopologyAware, &t, &PolicyConfig::default()).unwrap();
     let d = p.allocate(&request("x", Qos::Burstable, 100)).unwrap();
     assert!(
-        d.changed[&ContainerKey::new("x", "c")]
+        d.get(&ContainerKey::new("x", "c"))
+            .unwrap()
             .cpus
             .is_subset(t.online_cpus())
     );

@@ -22,11 +22,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::engine::{Env, Placer, View};
+use super::engine::{Changes, Env, Placer, PoolId, PoolView, View};
 use super::request::Hints;
 use super::{
-    ANN_BALLOON, Assignment, BalloonType, ContainerKey, ContainerRequest, CpuSet, PolicyError,
-    PolicyKind,
+    ANN_BALLOON, Assignment, BalloonType, ContainerKey, ContainerRequest, CpuSet, Members,
+    PolicyError, PolicyKind,
 };
 
 #[derive(Debug, Clone)]
@@ -38,8 +38,19 @@ struct Balloon {
     cpus: CpuSet,
     /// NUMA nodes (with memory) of `cpus`.
     mems: CpuSet,
-    members: BTreeSet<ContainerKey>,
+    members: Members,
     load_milli: u64,
+}
+
+impl Balloon {
+    fn id(&self) -> PoolId {
+        pool_id(self.ty, self.instance)
+    }
+}
+
+/// A balloon's pool id: its type and instance.
+fn pool_id(ty: usize, instance: u32) -> PoolId {
+    ((ty as u64) << 32) | u64::from(instance)
 }
 
 #[derive(Clone)]
@@ -55,7 +66,10 @@ pub(crate) struct BalloonsPlacer {
     used: CpuSet,
     member_of: BTreeMap<ContainerKey, (usize, u32, u64)>,
     reserved_members: BTreeSet<ContainerKey>,
+    /// Containers placed since the last `take_changes`.
     dirty: Vec<ContainerKey>,
+    /// Balloons resized since the last `take_changes`.
+    dirty_pools: Vec<PoolId>,
 }
 
 fn valid_name(n: &str) -> bool {
@@ -120,7 +134,7 @@ impl BalloonsPlacer {
             .find_map(|s| self.env.picker.take(s, extra))
     }
 
-    /// Sets balloon `b`'s CPUs; its members become dirty.
+    /// Sets balloon `b`'s CPUs; its pool becomes dirty.
     fn set_cpus(&mut self, b: usize, cpus: CpuSet) {
         let mut mems = self
             .env
@@ -133,7 +147,7 @@ impl BalloonsPlacer {
         let bl = &mut self.balloons[b];
         bl.cpus = cpus;
         bl.mems = mems;
-        self.dirty.extend(bl.members.iter().cloned());
+        self.dirty_pools.push(bl.id());
     }
 
     /// Grows or shrinks balloon `b` to `want` CPUs; false (and no change)
@@ -227,7 +241,7 @@ impl BalloonsPlacer {
             name: format!("{}[{instance}]", t.name),
             cpus: CpuSet::new(),
             mems: CpuSet::new(),
-            members: BTreeSet::new(),
+            members: Members::default(),
             load_milli: 0,
         });
         let last = self.balloons.len() - 1;
@@ -246,7 +260,7 @@ impl BalloonsPlacer {
             return false;
         }
         let bl = &mut self.balloons[b];
-        bl.members.insert(key.clone());
+        Arc::make_mut(&mut bl.members).insert(key.clone());
         bl.load_milli += milli;
         self.member_of
             .insert(key.clone(), (bl.ty, bl.instance, milli));
@@ -333,6 +347,7 @@ impl Placer for BalloonsPlacer {
             member_of: BTreeMap::new(),
             reserved_members: BTreeSet::new(),
             dirty: Vec::new(),
+            dirty_pools: Vec::new(),
         };
         for ty in 0..p.types.len() {
             for _ in 0..p.types[ty].min_balloons {
@@ -416,7 +431,7 @@ impl Placer for BalloonsPlacer {
         let Some(b) = self.index(ty, instance) else {
             return;
         };
-        self.balloons[b].members.remove(key);
+        Arc::make_mut(&mut self.balloons[b].members).remove(key);
         self.balloons[b].load_milli -= milli;
         let count = self.balloons.iter().filter(|x| x.ty == ty).count();
         if self.balloons[b].members.is_empty() && count > self.types[ty].min_balloons as usize {
@@ -444,7 +459,23 @@ impl Placer for BalloonsPlacer {
         })
     }
 
-    fn take_dirty(&mut self) -> Option<Vec<ContainerKey>> {
-        Some(std::mem::take(&mut self.dirty))
+    fn pool(&self, id: PoolId) -> Option<PoolView<'_>> {
+        let b = self.balloons.iter().find(|b| b.id() == id)?;
+        Some(PoolView {
+            view: View {
+                cpus: &b.cpus,
+                mems: &b.mems,
+                exclusive: false,
+                pool: &b.name,
+            },
+            members: &b.members,
+        })
+    }
+
+    fn take_changes(&mut self) -> Changes {
+        Changes {
+            keys: std::mem::take(&mut self.dirty),
+            pools: std::mem::take(&mut self.dirty_pools),
+        }
     }
 }

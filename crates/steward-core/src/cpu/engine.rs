@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::alloc::Picker;
 use super::request::{Hints, validate_request};
 use super::{
-    Assignment, ContainerKey, ContainerRequest, CpuSet, Decision, Policy, PolicyConfig,
-    PolicyError, PolicyKind, Qos, Topology,
+    Assignment, ContainerKey, ContainerRequest, CpuSet, Decision, Members, Policy, PolicyConfig,
+    PolicyError, PolicyKind, PoolChange, Qos, Topology,
 };
 
 /// Immutable inputs of a policy instance.
@@ -106,6 +106,80 @@ impl<'a> View<'a> {
     }
 }
 
+/// Sets `key`'s materialised assignment to `v`; true when it changed
+/// (or was absent).
+fn set(
+    assignments: &mut BTreeMap<ContainerKey, Assignment>,
+    key: &ContainerKey,
+    v: View<'_>,
+) -> bool {
+    match assignments.get_mut(key) {
+        Some(a) => assign(a, v),
+        None => {
+            assignments.insert(key.clone(), v.to_owned());
+            true
+        }
+    }
+}
+
+/// Overwrites `a` with `v` (without allocating when the pool name fits);
+/// true when it differed.
+fn assign(a: &mut Assignment, v: View<'_>) -> bool {
+    if v.matches(a) {
+        return false;
+    }
+    a.cpus.clone_from(v.cpus);
+    a.mems.clone_from(v.mems);
+    a.exclusive = v.exclusive;
+    if a.pool != v.pool {
+        a.pool.clear();
+        a.pool.push_str(v.pool);
+    }
+    true
+}
+
+/// Sets the materialised assignment of every member of `pool` to the
+/// pool's view; returns the members whose assignment changed (or that
+/// are in `reported` already).
+fn update_members<'p>(
+    assignments: &mut BTreeMap<ContainerKey, Assignment>,
+    pool: &PoolView<'p>,
+    reported: &BTreeMap<ContainerKey, Assignment>,
+) -> Vec<&'p ContainerKey> {
+    let members: &'p Members = pool.members;
+    let mut changed = Vec::with_capacity(members.len());
+    let mut missing = Vec::new();
+    let mut note = |k: &'p ContainerKey, differs: bool| {
+        if differs || reported.contains_key(k) {
+            changed.push(k);
+        }
+    };
+    // a large pool: one merged walk (both are sorted by key) instead of a
+    // lookup per member
+    if members.len().saturating_mul(8) >= assignments.len() {
+        let mut it = assignments.iter_mut().peekable();
+        for k in members.iter() {
+            while it.next_if(|(a, _)| *a < k).is_some() {}
+            match it.next_if(|(a, _)| *a == k) {
+                Some((_, a)) => note(k, assign(a, pool.view)),
+                None => missing.push(k),
+            }
+        }
+    } else {
+        for k in members.iter() {
+            match assignments.get_mut(k) {
+                Some(a) => note(k, assign(a, pool.view)),
+                None => missing.push(k),
+            }
+        }
+    }
+    for k in missing {
+        assignments.insert(k.clone(), pool.view.to_owned());
+        note(k, true);
+    }
+    changed
+}
+
 /// Number of exclusive CPUs a container qualifies for under the kubelet
 /// static rules: Guaranteed, integer CPU request, not asking to share.
 pub(crate) fn exclusive_cpus_wanted(req: &ContainerRequest, hints: &Hints) -> usize {
@@ -118,6 +192,26 @@ pub(crate) fn exclusive_cpus_wanted(req: &ContainerRequest, hints: &Hints) -> us
     } else {
         0
     }
+}
+
+/// Identifies a pool of a placer (stable while the pool exists).
+pub(crate) type PoolId = u64;
+
+/// A pool whose members all run on one assignment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolView<'a> {
+    pub view: View<'a>,
+    pub members: &'a Members,
+}
+
+/// What may have changed since the last [`Placer::take_changes`]. Only a
+/// hint for speed: the engine compares before reporting.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    /// Containers whose own assignment may have changed.
+    pub keys: Vec<ContainerKey>,
+    /// Pools whose assignment may have changed.
+    pub pools: Vec<PoolId>,
 }
 
 /// The policy-specific part.
@@ -136,9 +230,11 @@ pub(crate) trait Placer: Clone + Send + Sized + 'static {
     fn remove(&mut self, key: &ContainerKey);
     /// Current assignment of a placed container.
     fn view(&self, key: &ContainerKey) -> Option<View<'_>>;
-    /// Containers whose assignment may have changed since the last call
-    /// (`None`: any of them). Only a hint for speed: the engine compares.
-    fn take_dirty(&mut self) -> Option<Vec<ContainerKey>>;
+    /// A pool named by [`Changes::pools`], if it still exists. Its members'
+    /// views must equal its view.
+    fn pool(&self, id: PoolId) -> Option<PoolView<'_>>;
+    /// What may have changed since the last call.
+    fn take_changes(&mut self) -> Changes;
 }
 
 pub(crate) struct Engine<P: Placer> {
@@ -165,7 +261,7 @@ impl<P: Placer> Engine<P> {
     /// Recomputes every assignment; returns those that differ from `before`
     /// (keys absent from `before` always count as changed).
     fn sync(&mut self, before: &BTreeMap<ContainerKey, Assignment>) -> Decision {
-        let _ = self.placer.take_dirty();
+        let _ = self.placer.take_changes();
         let mut next = BTreeMap::new();
         let mut changed = BTreeMap::new();
         for key in self.requests.keys() {
@@ -178,48 +274,66 @@ impl<P: Placer> Engine<P> {
             }
         }
         self.assignments = next;
-        Decision { changed }
+        Decision::from(changed)
     }
 
-    /// Updates the assignments the placer reports dirty; returns the changes.
-    fn refresh(&mut self) -> Decision {
-        let mut changed = BTreeMap::new();
-        let dirty = self.placer.take_dirty();
+    /// Updates the assignments the placer reports changed; returns the
+    /// changes. `asked` is always reported (when placed).
+    fn refresh(&mut self, asked: Option<&ContainerKey>) -> Decision {
+        let Changes { keys, mut pools } = self.placer.take_changes();
         let Engine {
             placer,
             requests,
             assignments,
             ..
         } = self;
+        let mut containers = BTreeMap::new();
         let mut update = |key: &ContainerKey| match placer.view(key) {
-            Some(v) => match assignments.get_mut(key) {
-                Some(a) if v.matches(a) => {}
-                Some(a) => {
-                    a.cpus.clone_from(v.cpus);
-                    a.mems.clone_from(v.mems);
-                    a.exclusive = v.exclusive;
-                    a.pool.clear();
-                    a.pool.push_str(v.pool);
-                    changed.insert(key.clone(), a.clone());
+            Some(v) => {
+                if set(assignments, key, v) {
+                    containers.insert(key.clone(), v.to_owned());
                 }
-                None => {
-                    let a = v.to_owned();
-                    changed.insert(key.clone(), a.clone());
-                    assignments.insert(key.clone(), a);
-                }
-            },
+            }
             None => {
                 assignments.remove(key);
             }
         };
-        match dirty {
-            None => requests.keys().for_each(&mut update),
-            Some(keys) => keys
-                .iter()
-                .filter(|k| requests.contains_key(*k))
-                .for_each(&mut update),
+        keys.iter()
+            .chain(asked)
+            .filter(|k| requests.contains_key(*k))
+            .for_each(&mut update);
+        if let Some(k) = asked
+            && !containers.contains_key(k)
+            && let Some(a) = assignments.get(k)
+        {
+            containers.insert(k.clone(), a.clone());
         }
-        Decision { changed }
+        let mut changes = Vec::new();
+        pools.sort_unstable();
+        pools.dedup();
+        for id in pools {
+            let Some(pool) = placer.pool(id) else {
+                continue;
+            };
+            let changed = update_members(assignments, &pool, &containers);
+            if changed.iter().all(|k| containers.contains_key(*k)) {
+                // nothing beyond what is listed already
+            } else if changed.len() == pool.members.len() {
+                changes.push(PoolChange {
+                    assignment: pool.view.to_owned(),
+                    members: pool.members.clone(),
+                });
+            } else {
+                // only some members changed: name them one by one
+                for k in changed {
+                    containers.insert(k.clone(), pool.view.to_owned());
+                }
+            }
+        }
+        Decision {
+            containers,
+            pools: changes,
+        }
     }
 
     /// Places `entries` into a fresh placer built on `env`, keeping the
@@ -266,12 +380,8 @@ impl<P: Placer> Policy for Engine<P> {
             self.placer.place(req, &hints, None)?;
         }
         self.requests.insert(req.key.clone(), req.clone());
-        let mut d = self.refresh();
         // the requested container is always reported
-        if let Some(a) = self.assignments.get(&req.key) {
-            d.changed.insert(req.key.clone(), a.clone());
-        }
-        Ok(d)
+        Ok(self.refresh(Some(&req.key)))
     }
 
     fn release(&mut self, key: &ContainerKey) -> Decision {
@@ -280,8 +390,8 @@ impl<P: Placer> Policy for Engine<P> {
         }
         self.placer.remove(key);
         self.assignments.remove(key);
-        let mut d = self.refresh();
-        d.changed.remove(key);
+        let mut d = self.refresh(None);
+        d.containers.remove(key);
         d
     }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::engine::{Env, Placer, View};
+use super::engine::{Changes, Env, Placer, PoolId, PoolView, View};
 use super::request::Hints;
 use super::{Assignment, ContainerKey, ContainerRequest, PolicyError, PolicyKind};
 
@@ -72,7 +72,15 @@ impl Placer for NonePlacer {
         }
     }
 
-    fn take_dirty(&mut self) -> Option<Vec<ContainerKey>> {
-        Some(std::mem::take(&mut self.dirty))
+    fn pool(&self, _id: PoolId) -> Option<PoolView<'_>> {
+        // the pools of this policy never change
+        None
+    }
+
+    fn take_changes(&mut self) -> Changes {
+        Changes {
+            keys: std::mem::take(&mut self.dirty),
+            pools: Vec::new(),
+        }
     }
 }

@@ -21,9 +21,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::engine::{Env, Placer, View, exclusive_cpus_wanted};
+use super::engine::{Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted};
 use super::request::Hints;
-use super::{Assignment, ContainerKey, ContainerRequest, CpuSet, PolicyError, PolicyKind};
+use super::{Assignment, ContainerKey, ContainerRequest, CpuSet, Members, PolicyError, PolicyKind};
+
+/// The one pool of this policy whose assignment changes.
+const SHARED: PoolId = 0;
 
 #[derive(Clone)]
 pub(crate) struct StaticPlacer {
@@ -35,12 +38,14 @@ pub(crate) struct StaticPlacer {
     exclusive: BTreeMap<ContainerKey, CpuSet>,
     /// Union of `exclusive`.
     taken: CpuSet,
-    shared_members: BTreeSet<ContainerKey>,
+    shared_members: Members,
     reserved_members: BTreeSet<ContainerKey>,
     /// Cached shared assignment (allocatable − taken).
     shared: Assignment,
-    /// `None`: the shared pool changed, every container may have.
-    dirty: Option<Vec<ContainerKey>>,
+    /// Containers placed since the last `take_changes`.
+    dirty: Vec<ContainerKey>,
+    /// The shared pool changed since the last `take_changes`.
+    shared_dirty: bool,
 }
 
 impl StaticPlacer {
@@ -51,6 +56,12 @@ impl StaticPlacer {
             exclusive: false,
             pool: "shared".into(),
         }
+    }
+
+    /// Recomputes the shared pool after `taken` changed.
+    fn shared_changed(&mut self) {
+        self.shared.cpus = self.allocatable.difference(&self.taken);
+        self.shared_dirty = true;
     }
 
     fn pick(
@@ -119,9 +130,10 @@ impl Placer for StaticPlacer {
             isolated,
             exclusive: BTreeMap::new(),
             taken,
-            shared_members: BTreeSet::new(),
+            shared_members: Members::default(),
             reserved_members: BTreeSet::new(),
-            dirty: Some(Vec::new()),
+            dirty: Vec::new(),
+            shared_dirty: false,
         })
     }
 
@@ -131,33 +143,31 @@ impl Placer for StaticPlacer {
         hints: &Hints,
         keep: Option<&Assignment>,
     ) -> Result<(), PolicyError> {
-        if let Some(d) = &mut self.dirty {
-            d.push(req.key.clone());
-        }
+        self.dirty.push(req.key.clone());
         if self.env.is_reserved_pod(req) {
             self.reserved_members.insert(req.key.clone());
             return Ok(());
         }
         let n = exclusive_cpus_wanted(req, hints);
         if n == 0 {
-            self.shared_members.insert(req.key.clone());
+            Arc::make_mut(&mut self.shared_members).insert(req.key.clone());
             return Ok(());
         }
         let cpus = self.pick(req, hints, n, keep)?;
         self.taken.union_with(&cpus);
         self.exclusive.insert(req.key.clone(), cpus);
-        self.shared = Self::shared_assignment(&self.env, &self.allocatable, &self.taken);
-        self.dirty = None;
+        self.shared_changed();
         Ok(())
     }
 
     fn remove(&mut self, key: &ContainerKey) {
-        self.shared_members.remove(key);
+        if self.shared_members.contains(key) {
+            Arc::make_mut(&mut self.shared_members).remove(key);
+        }
         self.reserved_members.remove(key);
         if let Some(cpus) = self.exclusive.remove(key) {
             self.taken.difference_with(&cpus);
-            self.shared = Self::shared_assignment(&self.env, &self.allocatable, &self.taken);
-            self.dirty = None;
+            self.shared_changed();
         }
     }
 
@@ -179,7 +189,21 @@ impl Placer for StaticPlacer {
         None
     }
 
-    fn take_dirty(&mut self) -> Option<Vec<ContainerKey>> {
-        self.dirty.replace(Vec::new())
+    fn pool(&self, id: PoolId) -> Option<PoolView<'_>> {
+        (id == SHARED).then(|| PoolView {
+            view: View::of(&self.shared),
+            members: &self.shared_members,
+        })
+    }
+
+    fn take_changes(&mut self) -> Changes {
+        Changes {
+            keys: std::mem::take(&mut self.dirty),
+            pools: if std::mem::take(&mut self.shared_dirty) {
+                vec![SHARED]
+            } else {
+                Vec::new()
+            },
+        }
     }
 }

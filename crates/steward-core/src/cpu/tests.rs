@@ -471,12 +471,15 @@ fn none_policy_gives_everything_but_reserved() {
     .unwrap();
     assert_eq!(p.kind(), PolicyKind::None);
     let d = p.allocate(&req("a", Qos::Guaranteed, 2000)).unwrap();
-    assert_eq!(d.changed[&key("a")].cpus, set("1-7,9-15"));
-    assert_eq!(d.changed[&key("a")].mems, set("0-3"));
+    assert_eq!(d.get(&key("a")).unwrap().cpus, set("1-7,9-15"));
+    assert_eq!(d.get(&key("a")).unwrap().mems, set("0-3"));
     let mut sys = req("k", Qos::Burstable, 100);
     sys.pod_namespace = "kube-system".into();
-    assert_eq!(p.allocate(&sys).unwrap().changed[&sys.key].cpus, set("0,8"));
-    assert!(p.release(&key("a")).changed.is_empty());
+    assert_eq!(
+        p.allocate(&sys).unwrap().get(&sys.key).unwrap().cpus,
+        set("0,8")
+    );
+    assert!(p.release(&key("a")).is_empty());
     assert_eq!(p.assignments().len(), 1);
 }
 
@@ -485,28 +488,63 @@ fn static_gives_exclusive_cpus_and_shrinks_shared_pool() {
     let t = smt16();
     let mut p = static_policy(&t, "0,8");
     let d = p.allocate(&req("be", Qos::BestEffort, 0)).unwrap();
-    assert_eq!(d.changed[&key("be")].cpus, set("1-7,9-15"));
-    assert_eq!(d.changed[&key("be")].pool, "shared");
+    assert_eq!(d.get(&key("be")).unwrap().cpus, set("1-7,9-15"));
+    assert_eq!(d.get(&key("be")).unwrap().pool, "shared");
     let d = p.allocate(&req("g", Qos::Guaranteed, 2000)).unwrap();
-    let g = &d.changed[&key("g")];
+    let g = &d.get(&key("g")).unwrap();
     assert!(g.exclusive);
     // the whole free core of node 0, not the reserved one
     assert_eq!(g.cpus, set("1,9"));
     // the shared container's pool shrank: it is in the decision
-    assert_eq!(d.changed[&key("be")].cpus, set("2-7,10-15"));
+    assert_eq!(d.get(&key("be")).unwrap().cpus, set("2-7,10-15"));
     // fractional Guaranteed and Burstable share
     let d = p.allocate(&req("f", Qos::Guaranteed, 1500)).unwrap();
-    assert_eq!(d.changed.len(), 1);
-    assert!(!d.changed[&key("f")].exclusive);
+    assert_eq!(d.len(), 1);
+    assert!(!d.get(&key("f")).unwrap().exclusive);
     let d = p.allocate(&req("b", Qos::Burstable, 3000)).unwrap();
-    assert!(!d.changed[&key("b")].exclusive);
+    assert!(!d.get(&key("b")).unwrap().exclusive);
     // opt-out of exclusivity
     let shared = annotated(req("s", Qos::Guaranteed, 1000), ANN_PREFER_SHARED, "true");
-    assert!(!p.allocate(&shared).unwrap().changed[&key("s")].exclusive);
-    // release gives the CPUs back to every shared container
+    assert!(
+        !p.allocate(&shared)
+            .unwrap()
+            .get(&key("s"))
+            .unwrap()
+            .exclusive
+    );
+    // release gives the CPUs back to every shared container, stated once
+    // for the pool
     let d = p.release(&key("g"));
-    assert_eq!(d.changed.len(), 4);
-    assert!(d.changed.values().all(|a| a.cpus == set("1-7,9-15")));
+    assert_eq!(d.len(), 4);
+    assert!(d.iter().map(|(_, a)| a).all(|a| a.cpus == set("1-7,9-15")));
+    assert!(d.containers.is_empty(), "{d:?}");
+    assert_eq!(d.pools.len(), 1);
+    assert_eq!(d.pools[0].assignment.pool, "shared");
+    assert_eq!(
+        d.pools[0].members.iter().collect::<Vec<_>>(),
+        [key("b"), key("be"), key("f"), key("s")]
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(d.expand().len(), 4);
+    // an exclusive grant: its own assignment plus the shrunk pool
+    let d = p.allocate(&req("g2", Qos::Guaranteed, 1000)).unwrap();
+    assert_eq!(d.containers.keys().collect::<Vec<_>>(), [&key("g2")]);
+    assert_eq!(d.pools.len(), 1);
+    assert_eq!(d.len(), 5);
+    assert!(d.get(&key("g2")).unwrap().exclusive);
+    assert!(
+        d.get(&key("be"))
+            .unwrap()
+            .cpus
+            .is_disjoint(&d.get(&key("g2")).unwrap().cpus)
+    );
+    // a snapshot held by the caller is not changed by later decisions
+    let held = d.clone();
+    p.release(&key("be"));
+    p.release(&key("g2"));
+    assert!(held.contains(&key("be")));
+    assert_eq!(held.len(), 5);
     assert!(!p.assignments().contains_key(&key("g")));
     // unknown key: nothing
     assert_eq!(p.release(&key("nope")), Decision::default());
@@ -525,7 +563,7 @@ fn static_keeps_one_shared_cpu_and_refusals_change_nothing() {
     assert!(matches!(err, PolicyError::Insufficient { .. }), "{err}");
     assert_eq!(p.assignments(), &before);
     let d = p.allocate(&req("big", Qos::Guaranteed, 14_000)).unwrap();
-    assert_eq!(d.changed[&key("be")].cpus.len(), 1);
+    assert_eq!(d.get(&key("be")).unwrap().cpus.len(), 1);
     // absurd request and bad annotation: clear errors, no change
     let before = p.assignments().clone();
     assert!(matches!(
@@ -556,7 +594,7 @@ fn static_reserved_cpus_only_for_reserved_namespaces() {
     let mut p = static_policy(&t, "0,8");
     let mut sys = req("sys", Qos::Guaranteed, 1000);
     sys.pod_namespace = "kube-system".into();
-    let a = p.allocate(&sys).unwrap().changed[&sys.key].clone();
+    let a = p.allocate(&sys).unwrap().get(&sys.key).unwrap().clone();
     assert_eq!(
         (a.cpus, a.exclusive, a.pool.as_str()),
         (set("0,8"), false, "reserved")
@@ -565,8 +603,8 @@ fn static_reserved_cpus_only_for_reserved_namespaces() {
         let d = p.allocate(&req(&format!("g{i}"), Qos::Guaranteed, 2000));
         if let Ok(d) = d {
             assert!(
-                d.changed
-                    .values()
+                d.iter()
+                    .map(|(_, a)| a)
                     .filter(|a| a.exclusive)
                     .all(|a| a.cpus.is_disjoint(&set("0,8")))
             );
@@ -610,15 +648,15 @@ fn static_isolated_cpus_only_on_request() {
     assert_eq!(t.online_cpus(), &set("0-2,4-6"));
     let mut p = static_policy(&t, "0");
     let d = p.allocate(&req("be", Qos::BestEffort, 0)).unwrap();
-    assert_eq!(d.changed[&key("be")].cpus, set("1,4-5"));
+    assert_eq!(d.get(&key("be")).unwrap().cpus, set("1,4-5"));
     let iso = annotated(
         req("iso", Qos::Guaranteed, 2000),
         ANN_PREFER_ISOLATED,
         "true",
     );
     let d = p.allocate(&iso).unwrap();
-    assert_eq!(d.changed[&key("iso")].cpus, set("2,6"));
-    assert_eq!(d.changed.len(), 1, "shared pool unchanged");
+    assert_eq!(d.get(&key("iso")).unwrap().cpus, set("2,6"));
+    assert_eq!(d.len(), 1, "shared pool unchanged");
     // no isolated CPU left: falls back to ordinary CPUs
     let iso2 = annotated(
         req("iso2", Qos::Guaranteed, 1000),
@@ -626,7 +664,7 @@ fn static_isolated_cpus_only_on_request() {
         "true",
     );
     let d = p.allocate(&iso2).unwrap();
-    assert!(d.changed[&key("iso2")].cpus.is_subset(&set("1,4-5")));
+    assert!(d.get(&key("iso2")).unwrap().cpus.is_subset(&set("1,4-5")));
 }
 
 #[test]
@@ -638,8 +676,8 @@ fn static_reallocate_keeps_cpus_and_restore_reports_differences() {
     p.allocate(&req("s", Qos::Burstable, 100)).unwrap();
     let a_cpus = p.assignments()[&key("a")].cpus.clone();
     let d = p.allocate(&req("a", Qos::Guaranteed, 2000)).unwrap();
-    assert_eq!(d.changed[&key("a")].cpus, a_cpus);
-    assert_eq!(d.changed.len(), 1);
+    assert_eq!(d.get(&key("a")).unwrap().cpus, a_cpus);
+    assert_eq!(d.len(), 1);
     // restart: a new policy restores the same state, nothing to change
     let persisted: Vec<_> = ["a", "b", "s"]
         .iter()
@@ -656,14 +694,14 @@ fn static_reallocate_keeps_cpus_and_restore_reports_differences() {
         .collect();
     let mut q = static_policy(&t, "0");
     let d = q.restore(persisted.clone()).unwrap();
-    assert!(d.changed.is_empty(), "{d:?}");
+    assert!(d.is_empty(), "{d:?}");
     assert_eq!(q.assignments(), p.assignments());
     // a corrupted cache: b claims a's CPUs; a keeps them (sorted first), b moves
     let mut bad = persisted.clone();
     bad[1].1.cpus = a_cpus.iter().take(1).collect();
     let mut q = static_policy(&t, "0");
     let d = q.restore(bad).unwrap();
-    assert!(d.changed.contains_key(&key("b")));
+    assert!(d.contains(&key("b")));
     assert!(q.assignments()[&key("b")].cpus.is_disjoint(&a_cpus));
     // restore with an invalid request fails and changes nothing
     let before = q.assignments().clone();
@@ -688,11 +726,11 @@ fn reconfigure_moves_containers_off_new_reserved_cpus() {
         ..PolicyConfig::default()
     };
     let d = p.reconfigure(&cfg).unwrap();
-    assert!(d.changed[&key("a")].cpus.is_disjoint(&a));
-    assert!(d.changed[&key("s")].cpus.is_disjoint(&a));
-    let new_a = &d.changed[&key("a")].cpus;
+    assert!(d.get(&key("a")).unwrap().cpus.is_disjoint(&a));
+    assert!(d.get(&key("s")).unwrap().cpus.is_disjoint(&a));
+    let new_a = &d.get(&key("a")).unwrap().cpus;
     assert_eq!(
-        d.changed[&key("s")].cpus,
+        d.get(&key("s")).unwrap().cpus,
         t.online_cpus().difference(&a).difference(new_a)
     );
     // a bad config is refused and nothing changes
@@ -726,27 +764,27 @@ fn topology_aware_uses_smallest_pool_and_pins_memory() {
     let t = smt16();
     let mut p = ta(&t, "");
     let d = p.allocate(&req("g2", Qos::Guaranteed, 2000)).unwrap();
-    let g2 = &d.changed[&key("g2")];
+    let g2 = &d.get(&key("g2")).unwrap();
     assert!(g2.pool.starts_with("node"), "{}", g2.pool);
     assert_eq!(t.nodes_of(&g2.cpus), g2.mems);
     assert_eq!(g2.mems.len(), 1);
     // 6 CPUs do not fit a 4-CPU node: the socket pool
     let d = p.allocate(&req("g6", Qos::Guaranteed, 6000)).unwrap();
-    let g6 = &d.changed[&key("g6")];
+    let g6 = &d.get(&key("g6")).unwrap();
     assert!(g6.pool.starts_with("socket"), "{}", g6.pool);
     assert_eq!(g6.mems.len(), 2);
     assert!(g6.cpus.is_disjoint(&g2.cpus));
     // 9 exclusive CPUs can only come from the root
     let d = p.allocate(&req("s", Qos::Burstable, 500)).unwrap();
-    let s = &d.changed[&key("s")];
+    let s = &d.get(&key("s")).unwrap();
     assert!(s.pool.starts_with("node"));
     assert!(s.cpus.is_disjoint(&g2.cpus) && s.cpus.is_disjoint(&g6.cpus));
     assert_eq!(t.nodes_of(&s.cpus), s.mems);
     // shared container in a pool is updated when an exclusive grant shrinks it
     let node_of_s = s.pool.clone();
     let more = p.allocate(&req("g1", Qos::Guaranteed, 1000)).unwrap();
-    if more.changed[&key("g1")].pool == node_of_s {
-        assert!(more.changed.contains_key(&key("s")));
+    if more.get(&key("g1")).unwrap().pool == node_of_s {
+        assert!(more.contains(&key("s")));
     }
 }
 
@@ -759,7 +797,12 @@ fn topology_aware_spills_shared_load_up_the_tree() {
         let d = p
             .allocate(&req(&format!("s{i}"), Qos::Burstable, 3500))
             .unwrap();
-        assert!(d.changed[&key(&format!("s{i}"))].pool.starts_with("node"));
+        assert!(
+            d.get(&key(&format!("s{i}")))
+                .unwrap()
+                .pool
+                .starts_with("node")
+        );
     }
     let pools: std::collections::BTreeSet<_> =
         p.assignments().values().map(|a| a.pool.clone()).collect();
@@ -767,7 +810,7 @@ fn topology_aware_spills_shared_load_up_the_tree() {
     // 1000m more fits no node (500m left each) nor socket (1000m left, but the
     // sum over the socket's nodes is 7000 of 8000): the socket can take it
     let d = p.allocate(&req("x", Qos::Burstable, 1000)).unwrap();
-    assert!(d.changed[&key("x")].pool.starts_with("socket"));
+    assert!(d.get(&key("x")).unwrap().pool.starts_with("socket"));
     // nothing can take 2000m more
     let before = p.assignments().clone();
     assert!(matches!(
@@ -797,11 +840,11 @@ fn topology_aware_memory_tiers() {
         ANN_MEMORY_TIER,
         "dram,pmem",
     );
-    let a = p.allocate(&r).unwrap().changed[&key("m")].clone();
+    let a = p.allocate(&r).unwrap().get(&key("m")).unwrap().clone();
     let cpu_node = t.nodes_of(&a.cpus).first().unwrap();
     assert_eq!(a.mems, [cpu_node, cpu_node + 2].into_iter().collect());
     let r = annotated(req("pm", Qos::Burstable, 100), ANN_MEMORY_TIER, "pmem");
-    let a = p.allocate(&r).unwrap().changed[&key("pm")].clone();
+    let a = p.allocate(&r).unwrap().get(&key("pm")).unwrap().clone();
     assert_eq!(a.mems.len(), 1);
     assert!(a.mems.first().unwrap() >= 2);
     let r = annotated(req("c", Qos::Burstable, 100), ANN_MEMORY_TIER, "cxl");
@@ -817,7 +860,10 @@ fn topology_aware_memory_tiers() {
         },
     )
     .unwrap();
-    assert_eq!(q.allocate(&r).unwrap().changed[&key("c")].mems, set("3"));
+    assert_eq!(
+        q.allocate(&r).unwrap().get(&key("c")).unwrap().mems,
+        set("3")
+    );
     // memory requests are accounted: 16 GiB DRAM + 64 GiB PMEM per socket
     let mut big = req("big", Qos::Burstable, 100);
     big.memory_request_bytes = 200 << 30;
@@ -839,12 +885,15 @@ fn topology_aware_prefers_isolated_when_asked() {
     .unwrap();
     let mut p = ta(&t, "");
     let r = annotated(req("i", Qos::Guaranteed, 2000), ANN_PREFER_ISOLATED, "true");
-    assert_eq!(p.allocate(&r).unwrap().changed[&key("i")].cpus, set("2-3"));
+    assert_eq!(
+        p.allocate(&r).unwrap().get(&key("i")).unwrap().cpus,
+        set("2-3")
+    );
     let d = p.allocate(&req("s", Qos::Burstable, 100)).unwrap();
-    assert!(d.changed[&key("s")].cpus.is_disjoint(&set("2-3")));
+    assert!(d.get(&key("s")).unwrap().cpus.is_disjoint(&set("2-3")));
     // Burstable asking not to share gets floor(request) exclusive CPUs
     let r = annotated(req("b", Qos::Burstable, 2500), ANN_PREFER_SHARED, "false");
-    let a = p.allocate(&r).unwrap().changed[&key("b")].clone();
+    let a = p.allocate(&r).unwrap().get(&key("b")).unwrap().clone();
     assert!(a.exclusive);
     assert_eq!(a.cpus.len(), 2);
 }
@@ -880,21 +929,25 @@ fn balloons_grow_and_shrink_with_load() {
     let t = smt16();
     let mut p = balloons(&t, vec![btype("db", 0, 4, 2)]).unwrap();
     let r1 = annotated(req("a", Qos::Burstable, 1500), ANN_BALLOON, "db");
-    let a = p.allocate(&r1).unwrap().changed[&key("a")].clone();
+    let a = p.allocate(&r1).unwrap().get(&key("a")).unwrap().clone();
     assert_eq!(a.pool, "db[0]");
     assert_eq!(a.cpus.len(), 2);
     // joining grows the balloon; both members are in the decision
     let r2 = annotated(req("b", Qos::Burstable, 1000), ANN_BALLOON, "db");
     let d = p.allocate(&r2).unwrap();
-    assert_eq!(d.changed.len(), 2);
-    assert_eq!(d.changed[&key("a")].cpus.len(), 3);
+    assert_eq!(d.len(), 2);
+    // the grown balloon is stated once with its members
+    assert_eq!(d.pools.len(), 1);
+    assert_eq!(d.pools[0].assignment.pool, "db[0]");
+    assert_eq!(d.pools[0].members.len(), 2);
+    assert_eq!(d.get(&key("a")).unwrap().cpus.len(), 3);
     assert!(
-        a.cpus.is_subset(&d.changed[&key("a")].cpus),
+        a.cpus.is_subset(&d.get(&key("a")).unwrap().cpus),
         "grows in place"
     );
     // beyond max_cpus: a second balloon
     let r3 = annotated(req("c", Qos::Burstable, 2000), ANN_BALLOON, "db");
-    let c = p.allocate(&r3).unwrap().changed[&key("c")].clone();
+    let c = p.allocate(&r3).unwrap().get(&key("c")).unwrap().clone();
     assert_eq!(c.pool, "db[1]");
     assert!(c.cpus.is_disjoint(&p.assignments()[&key("a")].cpus));
     // max_balloons reached
@@ -905,9 +958,14 @@ fn balloons_grow_and_shrink_with_load() {
     ));
     // shrink on release
     let d = p.release(&key("b"));
-    assert_eq!(d.changed[&key("a")].cpus.len(), 2);
+    assert_eq!(d.get(&key("a")).unwrap().cpus.len(), 2);
     // other containers go to the implicit default balloon, never on reserved CPU 0
-    let z = p.allocate(&req("z", Qos::BestEffort, 0)).unwrap().changed[&key("z")].clone();
+    let z = p
+        .allocate(&req("z", Qos::BestEffort, 0))
+        .unwrap()
+        .get(&key("z"))
+        .unwrap()
+        .clone();
     assert_eq!(z.pool, "default[0]");
     assert_eq!(z.cpus.len(), 1);
     assert!(!z.cpus.contains(0));
@@ -952,7 +1010,7 @@ fn balloons_config_and_annotation_errors() {
     let mut p = balloons(&t, vec![ns]).unwrap();
     let mut r = req("m", Qos::Burstable, 100);
     r.pod_namespace = "monitoring".into();
-    let a = p.allocate(&r).unwrap().changed[&key("m")].clone();
+    let a = p.allocate(&r).unwrap().get(&key("m")).unwrap().clone();
     assert_eq!((a.pool.as_str(), a.cpus.len()), ("infra[0]", 2));
 }
 
@@ -1038,6 +1096,39 @@ fn prop_config() -> PolicyConfig {
     }
 }
 
+/// A decision names exactly the containers whose assignment differs
+/// between `before` and `after` (plus `asked`), each with its assignment
+/// in `after`, each once.
+fn check_exact(
+    d: &Decision,
+    before: &BTreeMap<ContainerKey, Assignment>,
+    after: &BTreeMap<ContainerKey, Assignment>,
+    asked: Option<&ContainerKey>,
+) -> Result<(), TestCaseError> {
+    let expanded = d.expand();
+    let want: BTreeMap<ContainerKey, Assignment> = after
+        .iter()
+        .filter(|(k, a)| before.get(*k) != Some(*a) || Some(*k) == asked)
+        .map(|(k, a)| (k.clone(), a.clone()))
+        .collect();
+    prop_assert_eq!(&expanded, &want, "decision is not exactly the change");
+    prop_assert_eq!(d.len(), want.len(), "a container listed twice");
+    prop_assert_eq!(d.is_empty(), want.is_empty());
+    for (k, a) in &want {
+        prop_assert_eq!(d.get(k), Some(a));
+    }
+    for (k, a) in &d.containers {
+        // a pool that also names the container agrees with it
+        for p in d.pools.iter().filter(|p| p.members.contains(k)) {
+            prop_assert_eq!(&p.assignment, a);
+        }
+    }
+    for p in &d.pools {
+        prop_assert!(!p.members.is_empty(), "empty pool change");
+    }
+    Ok(())
+}
+
 /// Runs `ops`, checking the invariants after every step; returns the
 /// decisions (or errors) for determinism checks.
 fn run_ops(
@@ -1064,8 +1155,9 @@ fn run_ops(
                 let res = p.allocate(&r);
                 match &res {
                     Ok(d) => {
-                        prop_assert!(d.changed.contains_key(&r.key));
-                        for (k, a) in &d.changed {
+                        prop_assert!(d.contains(&r.key));
+                        check_exact(d, &before, p.assignments(), Some(&r.key))?;
+                        for (k, a) in d.iter() {
                             mirror.insert(k.clone(), a.clone());
                         }
                         reqs.insert(r.key.clone(), r.clone());
@@ -1079,11 +1171,13 @@ fn run_ops(
             }
             Op::Release { pod } => {
                 let k = key(&format!("p{pod}"));
+                let before = p.assignments().clone();
                 let d = p.release(&k);
-                prop_assert!(!d.changed.contains_key(&k));
+                prop_assert!(!d.contains(&k));
+                check_exact(&d, &before, p.assignments(), None)?;
                 mirror.remove(&k);
                 reqs.remove(&k);
-                for (k, a) in &d.changed {
+                for (k, a) in d.iter() {
                     mirror.insert(k.clone(), a.clone());
                 }
                 Ok(d)
@@ -1157,12 +1251,12 @@ fn run_ops(
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     if kind != PolicyKind::Balloons {
         prop_assert!(
-            d.changed.is_empty(),
+            d.is_empty(),
             "restore changed {:?}",
-            d.changed.keys().collect::<Vec<_>>()
+            d.iter().map(|(k, _)| k).collect::<Vec<_>>()
         );
     }
-    for (k, a) in &d.changed {
+    for (k, a) in d.iter() {
         prop_assert_eq!(Some(a), q.assignments().get(k));
     }
     prop_assert_eq!(q.assignments().len(), p.assignments().len());

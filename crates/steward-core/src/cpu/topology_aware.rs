@@ -34,10 +34,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::engine::{Env, Placer, View, exclusive_cpus_wanted};
+use super::engine::{Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted};
 use super::request::Hints;
 use super::{
-    Assignment, ContainerKey, ContainerRequest, CpuSet, MemoryKind, PolicyError, PolicyKind, Qos,
+    Assignment, ContainerKey, ContainerRequest, CpuSet, Members, MemoryKind, PolicyError,
+    PolicyKind, Qos,
 };
 
 #[derive(Debug, Clone)]
@@ -69,6 +70,15 @@ struct Grant {
     mems: CpuSet,
 }
 
+/// The shared containers of one pool with the same memory nodes: they all
+/// run on one assignment.
+#[derive(Debug, Clone)]
+struct ShareGroup {
+    pool: usize,
+    mems: CpuSet,
+    members: Members,
+}
+
 #[derive(Clone)]
 pub(crate) struct TopologyAwarePlacer {
     env: Arc<Env>,
@@ -84,8 +94,14 @@ pub(crate) struct TopologyAwarePlacer {
     load_milli: Vec<u64>,
     load_count: Vec<u64>,
     load_mem: Vec<u64>,
-    /// `None`: shared CPUs of some pool changed.
-    dirty: Option<Vec<ContainerKey>>,
+    /// Shared containers by pool and memory nodes; the index is the pool
+    /// id given to the engine (groups are never removed, only emptied).
+    groups: Vec<ShareGroup>,
+    /// Containers placed since the last `take_changes`.
+    dirty: Vec<ContainerKey>,
+    /// Groups whose pool's shared CPUs changed since the last
+    /// `take_changes`.
+    dirty_groups: Vec<PoolId>,
 }
 
 fn build_pools(env: &Env) -> Vec<Pool> {
@@ -286,20 +302,43 @@ impl TopologyAwarePlacer {
             }
             self.load_mem[a] += grant.memory;
         }
+        self.dirty.push(key.clone());
         if shared {
-            if let Some(d) = &mut self.dirty {
-                d.push(key.clone());
-            }
+            let g = match self
+                .groups
+                .iter()
+                .position(|g| g.pool == grant.pool && g.mems == grant.mems)
+            {
+                Some(g) => g,
+                None => {
+                    self.groups.push(ShareGroup {
+                        pool: grant.pool,
+                        mems: grant.mems.clone(),
+                        members: Members::default(),
+                    });
+                    self.groups.len() - 1
+                }
+            };
+            Arc::make_mut(&mut self.groups[g].members).insert(key.clone());
         } else {
-            self.dirty = None;
             self.taken.union_with(&grant.exclusive);
-            for (q, pool) in self.pools.iter().enumerate() {
-                if pool.cpus.intersection_len(&grant.exclusive) > 0 {
+            for q in 0..self.pools.len() {
+                if self.pools[q].cpus.intersection_len(&grant.exclusive) > 0 {
                     self.shared_cpus[q].difference_with(&grant.exclusive);
+                    self.shared_changed(q);
                 }
             }
         }
         self.grants.insert(key.clone(), grant);
+    }
+
+    /// The shared CPUs of pool `q` changed: so did its groups.
+    fn shared_changed(&mut self, q: usize) {
+        for (i, g) in self.groups.iter().enumerate() {
+            if g.pool == q {
+                self.dirty_groups.push(i as PoolId);
+            }
+        }
     }
 }
 
@@ -324,7 +363,9 @@ impl Placer for TopologyAwarePlacer {
             load_milli: vec![0; n],
             load_count: vec![0; n],
             load_mem: vec![0; n],
-            dirty: Some(Vec::new()),
+            groups: Vec::new(),
+            dirty: Vec::new(),
+            dirty_groups: Vec::new(),
         })
     }
 
@@ -336,9 +377,7 @@ impl Placer for TopologyAwarePlacer {
     ) -> Result<(), PolicyError> {
         if self.env.is_reserved_pod(req) {
             self.reserved_members.insert(req.key.clone(), ());
-            if let Some(d) = &mut self.dirty {
-                d.push(req.key.clone());
-            }
+            self.dirty.push(req.key.clone());
             return Ok(());
         }
         let need = Self::need(req, hints);
@@ -438,12 +477,22 @@ impl Placer for TopologyAwarePlacer {
             }
             self.load_mem[a] -= g.memory;
         }
-        if !shared {
-            self.dirty = None;
+        if shared {
+            if let Some(group) = self
+                .groups
+                .iter_mut()
+                .find(|x| x.pool == g.pool && x.mems == g.mems)
+            {
+                Arc::make_mut(&mut group.members).remove(key);
+            }
+        } else {
             self.taken.difference_with(&g.exclusive);
-            for (q, pool) in self.pools.iter().enumerate() {
-                let back = pool.cpus.intersection(&g.exclusive);
-                self.shared_cpus[q].union_with(&back);
+            for q in 0..self.pools.len() {
+                let back = self.pools[q].cpus.intersection(&g.exclusive);
+                if !back.is_empty() {
+                    self.shared_cpus[q].union_with(&back);
+                    self.shared_changed(q);
+                }
             }
         }
     }
@@ -466,8 +515,24 @@ impl Placer for TopologyAwarePlacer {
         })
     }
 
-    fn take_dirty(&mut self) -> Option<Vec<ContainerKey>> {
-        self.dirty.replace(Vec::new())
+    fn pool(&self, id: PoolId) -> Option<PoolView<'_>> {
+        let g = self.groups.get(usize::try_from(id).ok()?)?;
+        Some(PoolView {
+            view: View {
+                cpus: &self.shared_cpus[g.pool],
+                mems: &g.mems,
+                exclusive: false,
+                pool: &self.pools[g.pool].name,
+            },
+            members: &g.members,
+        })
+    }
+
+    fn take_changes(&mut self) -> Changes {
+        Changes {
+            keys: std::mem::take(&mut self.dirty),
+            pools: std::mem::take(&mut self.dirty_groups),
+        }
     }
 }
 
