@@ -5,7 +5,10 @@
 //! unless `STEWARD_CONTAINERD_SOCK` names one). Direct and proxied calls
 //! are interleaved so both see the same machine noise. The proxy runs on
 //! its own tokio runtime (as it would in its own process), the clients on
-//! another.
+//! another. A third runtime serves a byte pipe to containerd (no HTTP/2
+//! parsing at all): the floor any user-space proxy pays for the extra hop
+//! on this machine. Finally the CPU time the proxy's and the pipe's threads
+//! spend per call is read from `/proc/self/task/*/schedstat`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -49,6 +52,25 @@ fn report(name: &str, mut direct: Vec<Duration>, mut proxied: Vec<Duration>) {
         us(p50.saturating_sub(d50)),
         us(p99.saturating_sub(d99)),
     );
+}
+
+/// CPU time (ns) spent so far by this process's threads named `name`.
+fn threads_cpu_ns(name: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
 }
 
 async fn run_sandbox(rt: &mut Rt, cfg: &cri::PodSandboxConfig) -> String {
@@ -96,6 +118,11 @@ async fn timed_create(
 
 fn main() {
     let smoke = std::env::var("STEWARD_BENCH_SMOKE").is_ok_and(|v| v == "1");
+    // The same logging set-up as `steward cri-proxy` (info and above).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -116,9 +143,30 @@ fn main() {
     );
     cfg.verify_interval = Duration::ZERO;
     let proxy = proxy_runtime.block_on(Proxy::start(cfg)).unwrap();
+    let pipe_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("bytepipe")
+        .enable_all()
+        .build()
+        .unwrap();
+    let pipe_sock = dir.path().join("pipe.sock");
+    let listener = pipe_runtime
+        .block_on(async { tokio::net::UnixListener::bind(&pipe_sock) })
+        .unwrap();
+    let upstream = ctd.sock().to_path_buf();
+    pipe_runtime.spawn(async move {
+        loop {
+            let (mut a, _) = listener.accept().await.unwrap();
+            let mut b = tokio::net::UnixStream::connect(&upstream).await.unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+            });
+        }
+    });
     runtime.block_on(async {
         let (mut direct, mut direct_img) = ctd.client().await.unwrap();
         let (mut proxied, mut proxied_img) = cri_client(proxy.socket()).await.unwrap();
+        let (mut piped, _) = cri_client(&pipe_sock).await.unwrap();
 
         let n = if smoke { 20 } else { 3000 };
         for _ in 0..(n / 10).max(5) {
@@ -130,8 +178,13 @@ fn main() {
                 .version(cri::VersionRequest::default())
                 .await
                 .unwrap();
+            piped.version(cri::VersionRequest::default()).await.unwrap();
         }
-        let (mut d, mut p) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut d, mut p, mut f) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         for _ in 0..n {
             let t = Instant::now();
             direct
@@ -145,8 +198,31 @@ fn main() {
                 .await
                 .unwrap();
             p.push(t.elapsed());
+            let t = Instant::now();
+            piped.version(cri::VersionRequest::default()).await.unwrap();
+            f.push(t.elapsed());
         }
+        report("version-bytepipe-floor", d.clone(), f);
         report("version", d, p);
+
+        let k = if smoke { 20 } else { 2000 };
+        for (name, thread, client) in [
+            ("proxy", "proxy", &mut proxied),
+            ("bytepipe", "bytepipe", &mut piped),
+        ] {
+            let c0 = threads_cpu_ns(thread);
+            for _ in 0..k {
+                client
+                    .version(cri::VersionRequest::default())
+                    .await
+                    .unwrap();
+            }
+            let per_call = (threads_cpu_ns(thread) - c0) / k as u64;
+            println!(
+                "proxy/version-cpu {name} threads cpu per call={:.1}µs n={k}",
+                per_call as f64 / 1e3
+            );
+        }
 
         let n_img = if smoke { 10 } else { 1000 };
         let (mut d, mut p) = (Vec::new(), Vec::new());
@@ -182,5 +258,6 @@ fn main() {
         cleanup_pod(&mut proxied, &sid_p).await.unwrap();
     });
     proxy_runtime.block_on(proxy.shutdown());
+    drop(pipe_runtime);
     drop(ctd);
 }
