@@ -239,6 +239,11 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
             &mut stop,
         )
         .await;
+        if matches!(end, End::Stop) {
+            // Socket first, then the streams: whoever sees ListAndWatch end
+            // finds the plugin already gone from the directory.
+            let _ = std::fs::remove_file(&socket);
+        }
         let _ = gen_tx.send(true);
         server.finish(Duration::from_millis(500)).await;
         match end {
