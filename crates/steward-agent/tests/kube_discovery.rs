@@ -274,12 +274,7 @@ async fn malformed_details_set_a_condition_and_an_event_while_others_go_on() {
     );
 
     // Fixing the details makes it work.
-    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
-    let mut broken = api.get("broken").await.unwrap();
-    broken.spec.discovery_handler.details = echo_details(&["fixed0"], None);
-    api.replace("broken", &Default::default(), &broken)
-        .await
-        .unwrap();
+    set_details(&server, "broken", &echo_details(&["fixed0"], None)).await;
     eventually("fixed configuration's instance", WAIT, || async {
         (instances_of(&server, "broken").await.len() == 1).then_some(())
     })
@@ -407,10 +402,7 @@ async fn restarted_agent_keeps_registrations() {
 
     // Restart with the same state directory; the handler does not register again.
     let agent = start_agent(cfg);
-    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
-    let mut c = api.get("cams").await.unwrap();
-    c.spec.discovery_handler.details = echo_details(&["foo0", "foo1"], None);
-    api.replace("cams", &Default::default(), &c).await.unwrap();
+    set_details(&server, "cams", &echo_details(&["foo0", "foo1"], None)).await;
     let found = eventually(
         "restored handler discovers the new device",
         WAIT,

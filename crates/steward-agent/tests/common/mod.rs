@@ -241,6 +241,22 @@ pub async fn create_configuration(server: &ApiServer, c: &Configuration) -> Conf
     api.create(&PostParams::default(), c).await.unwrap()
 }
 
+/// Sets the discovery details of Configuration `name`, retrying on 409 the
+/// way an operator's client does: the agent writes the status concurrently.
+pub async fn set_details(server: &ApiServer, name: &str, details: &str) {
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    for _ in 0..20 {
+        let mut c = api.get(name).await.unwrap();
+        c.spec.discovery_handler.details = details.to_string();
+        match api.replace(name, &PostParams::default(), &c).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+            Err(e) => panic!("replacing Configuration {name}: {e}"),
+        }
+    }
+    panic!("Configuration {name}: still conflicting after 20 attempts");
+}
+
 pub async fn instances(server: &ApiServer) -> Vec<Instance> {
     let api: Api<Instance> = Api::namespaced(server.client(), NS);
     let mut items = api.list(&ListParams::default()).await.unwrap().items;

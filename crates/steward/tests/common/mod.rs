@@ -90,13 +90,24 @@ impl Cluster {
             .with_context(|| format!("creating Configuration {:?}", c.metadata.name))
     }
 
-    /// Replaces the details of Configuration `name`.
+    /// Replaces the details of Configuration `name`. Retries on 409, as an
+    /// operator's client does: an agent (or one just killed, whose last
+    /// request the server is still handling) may write the status between
+    /// our read and our write.
     pub async fn set_details(&self, name: &str, details: &str) -> anyhow::Result<()> {
         let api = self.configurations();
-        let mut c = api.get(name).await?;
-        c.spec.discovery_handler.details = details.to_string();
-        api.replace(name, &PostParams::default(), &c).await?;
-        Ok(())
+        for _ in 0..CONFLICT_RETRIES {
+            let mut c = api.get(name).await?;
+            c.spec.discovery_handler.details = details.to_string();
+            match api.replace(name, &PostParams::default(), &c).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("replacing Configuration {name}"));
+                }
+            }
+        }
+        bail!("Configuration {name}: still conflicting after {CONFLICT_RETRIES} attempts")
     }
 
     /// Instances of Configuration `config`, sorted by device id.
@@ -121,6 +132,9 @@ impl Cluster {
             .and_then(|c| c.status))
     }
 }
+
+/// Attempts of a read-modify-write before a test gives up.
+const CONFLICT_RETRIES: usize = 20;
 
 fn kubeconfig_yaml(server_url: &str) -> String {
     format!(
