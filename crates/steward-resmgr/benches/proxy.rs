@@ -7,7 +7,8 @@
 //! its own tokio runtime (as it would in its own process), the clients on
 //! another. A third runtime serves a byte pipe to containerd (no HTTP/2
 //! parsing at all): the floor any user-space proxy pays for the extra hop
-//! on this machine. Finally the CPU time the proxy's and the pipe's threads
+//! on this machine; a fourth, with one blocking OS thread per direction
+//! and no event loop at all, checks that floor. Finally the CPU time the proxy's and the pipe's threads
 //! spend per call is read from `/proc/self/task/*/schedstat`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,6 +21,94 @@ use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_
 type Rt = steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient<
     tonic::transport::Channel,
 >;
+
+/// Prototype: pass-through only, both HTTP/2 connections and every stream
+/// driven from one task per client connection (no task hops).
+mod h2relay {
+    use std::path::PathBuf;
+
+    use bytes::Bytes;
+    use futures::StreamExt;
+    use futures::stream::FuturesUnordered;
+    use h2::{RecvStream, SendStream};
+    use tokio::net::{UnixListener, UnixStream};
+
+    pub async fn serve(listener: UnixListener, upstream: PathBuf) {
+        loop {
+            let (down, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let _ = conn(down, upstream).await;
+            });
+        }
+    }
+
+    async fn conn(down: UnixStream, upstream: PathBuf) -> Result<(), h2::Error> {
+        let mut server = h2::server::handshake(down).await?;
+        let up = UnixStream::connect(&upstream).await.unwrap();
+        let (send, up_conn) = h2::client::handshake(up).await?;
+        let mut up_conn = std::pin::pin!(up_conn);
+        let mut streams = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                req = server.accept() => match req {
+                    Some(Ok((req, respond))) => streams.push(relay(send.clone(), req, respond)),
+                    _ => break,
+                },
+                _ = &mut up_conn => break,
+                Some(_) = streams.next(), if !streams.is_empty() => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn relay(
+        send: h2::client::SendRequest<Bytes>,
+        req: http::Request<RecvStream>,
+        mut respond: h2::server::SendResponse<Bytes>,
+    ) -> Result<(), h2::Error> {
+        let (parts, mut body) = req.into_parts();
+        let mut send = send.ready().await?;
+        let end = body.is_end_stream();
+        let (resp, mut up_tx) = send.send_request(http::Request::from_parts(parts, ()), end)?;
+        let req_pump = async {
+            if end {
+                Ok(())
+            } else {
+                pump(&mut body, &mut up_tx).await
+            }
+        };
+        let resp_pump = async {
+            let (parts, mut rbody) = resp.await?.into_parts();
+            let end = rbody.is_end_stream();
+            let mut down_tx = respond.send_response(http::Response::from_parts(parts, ()), end)?;
+            if !end {
+                pump(&mut rbody, &mut down_tx).await?;
+            }
+            Ok::<_, h2::Error>(())
+        };
+        let (a, b) = tokio::join!(req_pump, resp_pump);
+        a?;
+        b
+    }
+
+    async fn pump(rx: &mut RecvStream, tx: &mut SendStream<Bytes>) -> Result<(), h2::Error> {
+        while let Some(chunk) = rx.data().await {
+            let chunk = chunk?;
+            let n = chunk.len();
+            let eos = rx.is_end_stream();
+            tx.send_data(chunk, eos)?;
+            rx.flow_control().release_capacity(n)?;
+            if eos {
+                return Ok(());
+            }
+        }
+        match rx.trailers().await? {
+            Some(t) => tx.send_trailers(t),
+            None => tx.send_data(Bytes::new(), true),
+        }
+    }
+}
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -163,10 +252,53 @@ fn main() {
             });
         }
     });
+    // A second floor without any event loop: one blocking OS thread per
+    // direction, read then write, the least a user-space hop can do.
+    let thread_sock = dir.path().join("threadpipe.sock");
+    let thread_listener = std::os::unix::net::UnixListener::bind(&thread_sock).unwrap();
+    let upstream = ctd.sock().to_path_buf();
+    std::thread::Builder::new()
+        .name("threadpipe".into())
+        .spawn(move || {
+            for a in thread_listener.incoming() {
+                let a = a.unwrap();
+                let b = std::os::unix::net::UnixStream::connect(&upstream).unwrap();
+                for (mut from, mut to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)]
+                {
+                    std::thread::Builder::new()
+                        .name("threadpipe".into())
+                        .spawn(move || {
+                            use std::io::{Read, Write};
+                            let mut buf = vec![0u8; 64 * 1024];
+                            while let Ok(n) = from.read(&mut buf) {
+                                if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            let _ = to.shutdown(std::net::Shutdown::Write);
+                        })
+                        .unwrap();
+                }
+            }
+        })
+        .unwrap();
+    let h2_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("h2relay")
+        .enable_all()
+        .build()
+        .unwrap();
+    let h2_sock = dir.path().join("h2relay.sock");
+    let h2_listener = h2_runtime
+        .block_on(async { tokio::net::UnixListener::bind(&h2_sock) })
+        .unwrap();
+    h2_runtime.spawn(h2relay::serve(h2_listener, ctd.sock().to_path_buf()));
     runtime.block_on(async {
         let (mut direct, mut direct_img) = ctd.client().await.unwrap();
         let (mut proxied, mut proxied_img) = cri_client(proxy.socket()).await.unwrap();
         let (mut piped, _) = cri_client(&pipe_sock).await.unwrap();
+        let (mut threaded, _) = cri_client(&thread_sock).await.unwrap();
+        let (mut h2r, _) = cri_client(&h2_sock).await.unwrap();
 
         let n = if smoke { 20 } else { 3000 };
         for _ in 0..(n / 10).max(5) {
@@ -179,8 +311,15 @@ fn main() {
                 .await
                 .unwrap();
             piped.version(cri::VersionRequest::default()).await.unwrap();
+            threaded
+                .version(cri::VersionRequest::default())
+                .await
+                .unwrap();
+            h2r.version(cri::VersionRequest::default()).await.unwrap();
         }
-        let (mut d, mut p, mut f) = (
+        let (mut d, mut p, mut f, mut t2, mut hr) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -201,14 +340,27 @@ fn main() {
             let t = Instant::now();
             piped.version(cri::VersionRequest::default()).await.unwrap();
             f.push(t.elapsed());
+            let t = Instant::now();
+            threaded
+                .version(cri::VersionRequest::default())
+                .await
+                .unwrap();
+            t2.push(t.elapsed());
+            let t = Instant::now();
+            h2r.version(cri::VersionRequest::default()).await.unwrap();
+            hr.push(t.elapsed());
         }
+        report("version-h2relay", d.clone(), hr);
         report("version-bytepipe-floor", d.clone(), f);
+        report("version-threadpipe-floor", d.clone(), t2);
         report("version", d, p);
 
         let k = if smoke { 20 } else { 2000 };
         for (name, thread, client) in [
             ("proxy", "proxy", &mut proxied),
             ("bytepipe", "bytepipe", &mut piped),
+            ("threadpipe", "threadpipe", &mut threaded),
+            ("h2relay", "h2relay", &mut h2r),
         ] {
             let c0 = threads_cpu_ns(thread);
             for _ in 0..k {
