@@ -217,8 +217,16 @@ impl<S: InstanceStore> Controller<S> {
                 let handler_name = snap.configuration.spec.discovery_handler.name.clone();
                 tracing::info!(configuration = %key, handler = %handler_name, "configuration applied");
                 let details = snap.request.as_ref().err().map(|m| Err(m.clone()));
+                // A capacity edit changes no discovery request: resize the
+                // Instances from the reports already in hand, once this node
+                // has reconciled them at least once (before that, an empty
+                // report would read as "no devices").
+                let mut resize = false;
                 match self.configs.get_mut(&key) {
                     Some(cs) => {
+                        resize = cs.instances.is_some()
+                            && cs.snap.configuration.spec.capacity
+                                != snap.configuration.spec.capacity;
                         cs.snap = *snap;
                         cs.details = details;
                         cs.warned = None;
@@ -244,6 +252,10 @@ impl<S: InstanceStore> Controller<S> {
                 })
                 .await;
                 self.warn_invalid(&key).await;
+                if resize {
+                    tracing::info!(configuration = %key, capacity = self.configs.get(&key).map_or(0, |cs| cs.snap.configuration.spec.capacity), "capacity changed; resizing instances");
+                    self.reconcile(&key).await;
+                }
                 self.publish(&key).await;
             }
             ConfigEvent::Synced(live) => self.sweep_orphans(&live).await,
@@ -290,6 +302,8 @@ impl<S: InstanceStore> Controller<S> {
                     key: &key,
                     owner: None,
                     shared: false,
+                    // Nothing is wanted: no Instance is created or resized.
+                    capacity: 0,
                     devices: &[],
                 },
                 self.timings.max_conflict_retries,
@@ -547,6 +561,7 @@ impl<S: InstanceStore> Controller<S> {
                 key,
                 owner: Some(&configuration),
                 shared,
+                capacity: configuration.spec.capacity,
                 devices: &devices,
             },
             self.timings.max_conflict_retries,

@@ -266,3 +266,57 @@ async fn init_and_main_container_reuse_one_slot() {
     })
     .await;
 }
+
+/// An operator edits the Configuration's capacity: the Instance is resized
+/// in place (same object), the device plugin re-advertises the new number
+/// of slots, and a pod holding a slot keeps it even when the capacity
+/// shrinks below it, until the pod ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_edit_resizes_the_instance_and_its_plugin_and_keeps_held_slots() {
+    let s = Single::start(2).await;
+    let api: kube::Api<steward_api::Instance> = kube::Api::namespaced(s.server.client(), NS);
+    let uid = api.get(&s.instance).await.unwrap().metadata.uid;
+
+    // A pod holds the higher slot: the other one is taken first.
+    let p0 = s.node.kubelet.add_pod(pod("p0", &s.res)).await.unwrap();
+    let p1 = s.node.kubelet.add_pod(pod("p1", &s.res)).await.unwrap();
+    let held = slot_of(&s.node.kubelet, &p1.uid, &s.res).unwrap();
+    assert_eq!(held, s.slot(1), "second pod gets the second slot");
+    wait_bound(&s.server, &held, &p1.uid).await;
+    s.node.kubelet.delete_pod(&p0.uid).await.unwrap();
+    wait_released(&s.server, &s.slot(0)).await;
+
+    // Grow: 2 → 3.
+    set_capacity(&s.server, "cams", 3).await;
+    s.node
+        .kubelet
+        .wait_for_resource(&s.res, |st| st.connected && st.capacity() == 3, WAIT)
+        .await
+        .unwrap();
+    let inst = api.get(&s.instance).await.unwrap();
+    assert_eq!(inst.spec.capacity, 3);
+    assert_eq!(inst.metadata.uid, uid, "resized in place, not recreated");
+    let grown = s.node.kubelet.add_pod(pod("p2", &s.res)).await.unwrap();
+    let grown_slot = slot_of(&s.node.kubelet, &grown.uid, &s.res).unwrap();
+    wait_bound(&s.server, &grown_slot, &grown.uid).await;
+    s.node.kubelet.delete_pod(&grown.uid).await.unwrap();
+    wait_released(&s.server, &grown_slot).await;
+
+    // Shrink below the held slot: 3 → 1. Slot 1 stays p1's.
+    set_capacity(&s.server, "cams", 1).await;
+    s.node
+        .kubelet
+        .wait_for_resource(&s.res, |st| st.connected && st.capacity() == 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(api.get(&s.instance).await.unwrap().spec.capacity, 1);
+    assert_stays_bound(&s.server, &held, &p1.uid, Duration::from_millis(300)).await;
+
+    // The pod ends: its slot beyond the capacity is released, and the one
+    // slot left is usable.
+    s.node.kubelet.delete_pod(&p1.uid).await.unwrap();
+    wait_released(&s.server, &held).await;
+    let last = s.node.kubelet.add_pod(pod("p3", &s.res)).await.unwrap();
+    assert_eq!(slot_of(&s.node.kubelet, &last.uid, &s.res), Some(s.slot(0)));
+    wait_bound(&s.server, &s.slot(0), &last.uid).await;
+}

@@ -199,6 +199,7 @@ pub fn instance_view(instance: &Instance) -> Result<InstanceView, ConversionErro
         shared: instance.spec.shared,
         nodes: instance.spec.nodes.iter().cloned().collect(),
         device: instance.spec.device(),
+        capacity: instance.spec.capacity,
     })
 }
 

@@ -138,17 +138,19 @@ impl InstanceStore for KubeInstanceStore {
                 device,
                 shared,
                 node,
+                capacity,
             } => {
                 let owner = cx
                     .owner
                     .ok_or_else(|| conflict(name, "create without an owning Configuration"))?;
-                let inst = new_instance(
+                let mut inst = new_instance(
                     owner,
                     name,
                     device,
                     *shared,
                     &BTreeSet::from([node.clone()]),
                 )?;
+                inst.spec.capacity = *capacity;
                 self.api(ns)
                     .create(&PostParams::default(), &inst)
                     .await
@@ -191,6 +193,17 @@ impl InstanceStore for KubeInstanceStore {
                     return Ok(false);
                 }
                 inst.spec.set_device(device);
+                self.replace(ns, name, &inst).await
+            }
+            InstanceOp::SetCapacity { name, capacity } => {
+                let mut inst = self
+                    .get(ns, name)
+                    .await?
+                    .ok_or_else(|| conflict(name, "vanished before it could be resized"))?;
+                if inst.spec.capacity == *capacity {
+                    return Ok(false);
+                }
+                inst.spec.capacity = *capacity;
                 self.replace(ns, name, &inst).await
             }
             InstanceOp::Delete { name } => {

@@ -64,6 +64,7 @@ impl InstanceStore for LocalInstanceStore {
                 device,
                 shared,
                 node,
+                capacity,
             } => {
                 let owner = cx.owner.ok_or_else(|| StoreError::Conflict {
                     name: name.clone(),
@@ -82,7 +83,7 @@ impl InstanceStore for LocalInstanceStore {
                     device,
                     *shared,
                     &BTreeSet::from([node.clone()]),
-                    owner.spec.capacity,
+                    *capacity,
                 );
                 let mut inst = Instance::new(name, spec);
                 inst.metadata.namespace = Some(ns.to_owned());
@@ -132,6 +133,20 @@ impl InstanceStore for LocalInstanceStore {
                     return Ok(false);
                 }
                 inst.spec.set_device(device);
+                self.store.put_instance(&inst)?;
+                Ok(true)
+            }
+            InstanceOp::SetCapacity { name, capacity } => {
+                let Some(mut inst) = self.find(ns, name)? else {
+                    return Err(StoreError::Conflict {
+                        name: name.clone(),
+                        detail: "vanished".into(),
+                    });
+                };
+                if inst.spec.capacity == *capacity {
+                    return Ok(false);
+                }
+                inst.spec.capacity = *capacity;
                 self.store.put_instance(&inst)?;
                 Ok(true)
             }

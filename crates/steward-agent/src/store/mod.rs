@@ -27,7 +27,7 @@ pub struct OpContext<'a> {
     /// The node the op was planned for: `AddNode`/`RemoveNode` name it, and
     /// `Delete` only deletes an Instance that lists no other node.
     pub node: &'a str,
-    /// The owning Configuration: required by `Create` (ownerReference, capacity).
+    /// The owning Configuration: required by `Create` (ownerReference).
     pub owner: Option<&'a Configuration>,
 }
 
@@ -64,6 +64,7 @@ pub(crate) fn op_label(op: &InstanceOp) -> &'static str {
         InstanceOp::AddNode { .. } => "add_node",
         InstanceOp::RemoveNode { .. } => "remove_node",
         InstanceOp::UpdateDevice { .. } => "update_device",
+        InstanceOp::SetCapacity { .. } => "set_capacity",
         InstanceOp::Delete { .. } => "delete",
     }
 }
@@ -77,6 +78,8 @@ pub struct Desired<'a> {
     pub owner: Option<&'a Configuration>,
     /// Whether the handlers' devices are shared between nodes.
     pub shared: bool,
+    /// The Configuration's `capacity`: slots per Instance.
+    pub capacity: u32,
     /// Validated devices, merged across the Configuration's handlers.
     pub devices: &'a [Device],
 }
@@ -95,6 +98,7 @@ pub async fn reconcile<S: InstanceStore>(
         key,
         owner,
         shared,
+        capacity,
         devices,
     } = want;
     let cx = OpContext {
@@ -104,7 +108,7 @@ pub async fn reconcile<S: InstanceStore>(
     };
     for _ in 0..max_rounds.max(1) {
         let existing = store.list(key).await?;
-        let ops = plan(node, key, shared, devices, &existing);
+        let ops = plan(node, key, shared, capacity, devices, &existing);
         if ops.is_empty() {
             return Ok(existing);
         }

@@ -193,6 +193,22 @@ pub fn echo_details(descriptions: &[&str]) -> String {
     )
 }
 
+/// Sets the `capacity` of Configuration `name`, retrying on 409 the way an
+/// operator's client does (the agent writes the status concurrently).
+pub async fn set_capacity(server: &ApiServer, name: &str, capacity: u32) {
+    let api: Api<Configuration> = Api::namespaced(server.client(), NS);
+    for _ in 0..20 {
+        let mut c = api.get(name).await.unwrap();
+        c.spec.capacity = capacity;
+        match api.replace(name, &PostParams::default(), &c).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+            Err(e) => panic!("replacing Configuration {name}: {e}"),
+        }
+    }
+    panic!("Configuration {name}: still conflicting after 20 attempts");
+}
+
 /// Waits until the Instance of `config` lists `nodes`; returns it.
 pub async fn instance_of(server: &ApiServer, config: &str, nodes: &[&str]) -> Instance {
     let api: Api<Instance> = Api::namespaced(server.client(), NS);

@@ -39,6 +39,8 @@ pub struct InstanceView {
     pub nodes: BTreeSet<String>,
     /// Properties, mounts and specs as stored.
     pub device: Device,
+    /// Slots the device is shared into (the Configuration's `capacity`).
+    pub capacity: u32,
 }
 
 /// One write to the instance store.
@@ -50,6 +52,7 @@ pub enum InstanceOp {
         device: Device,
         shared: bool,
         node: String,
+        capacity: u32,
     },
     AddNode {
         name: String,
@@ -62,6 +65,13 @@ pub enum InstanceOp {
     UpdateDevice {
         name: String,
         device: Device,
+    },
+    /// The Configuration's `capacity` changed: resize the Instance. Slots
+    /// held by pods above a smaller capacity stay held until their pods end
+    /// (the slot ledger keeps claims whatever the capacity).
+    SetCapacity {
+        name: String,
+        capacity: u32,
     },
     Delete {
         name: String,
@@ -76,6 +86,7 @@ impl InstanceOp {
             | InstanceOp::AddNode { name, .. }
             | InstanceOp::RemoveNode { name, .. }
             | InstanceOp::UpdateDevice { name, .. }
+            | InstanceOp::SetCapacity { name, .. }
             | InstanceOp::Delete { name } => name,
         }
     }
@@ -223,11 +234,18 @@ fn dedup<'a>(devices: impl Iterator<Item = &'a Device>) -> BTreeMap<&'a str, &'a
 /// node: only instances of `config` are considered, and of those only the
 /// shared ones listing `node` and the unshared ones named for `node`.
 /// Ops come in instance-name order; for one name, `AddNode` precedes
-/// `UpdateDevice`.
+/// `UpdateDevice`, which precedes `SetCapacity`.
+///
+/// `capacity` is the Configuration's: new Instances get it, and the node
+/// that owns an existing wanted Instance (the only node of an unshared one,
+/// the least-named node of a shared one, as for device updates) resizes it
+/// when it differs, so a capacity edit reaches every Instance with one
+/// writer each.
 pub fn plan(
     node: &str,
     config: &ConfigKey,
     shared: bool,
+    capacity: u32,
     discovered: &[Device],
     existing: &[InstanceView],
 ) -> Vec<InstanceOp> {
@@ -248,6 +266,7 @@ pub fn plan(
                 device: (*device).clone(),
                 shared,
                 node: node.to_owned(),
+                capacity,
             });
             continue;
         };
@@ -274,6 +293,12 @@ pub fn plan(
                 device: (*device).clone(),
             });
         }
+        if owner == node && current.capacity != capacity {
+            ops.push(InstanceOp::SetCapacity {
+                name: name.clone(),
+                capacity,
+            });
+        }
     }
     for (name, current) in &mine {
         if wanted.contains_key(*name) {
@@ -290,7 +315,7 @@ pub fn plan(
             });
         }
     }
-    // Stable: keeps AddNode before UpdateDevice for one name.
+    // Stable: keeps AddNode, UpdateDevice, SetCapacity in that order per name.
     ops.sort_by(|a, b| a.name().cmp(b.name()));
     ops
 }
@@ -337,12 +362,14 @@ pub fn apply(existing: &mut Vec<InstanceView>, config: &ConfigKey, ops: &[Instan
                 device,
                 shared,
                 node,
+                capacity,
             } => match existing.iter_mut().find(|e| e.name == *name) {
                 Some(e) => {
                     e.nodes.insert(node.clone());
                     e.device = device.clone();
                     e.device_id = device.id.clone();
                     e.shared = *shared;
+                    e.capacity = *capacity;
                 }
                 None => existing.push(InstanceView {
                     name: name.clone(),
@@ -351,6 +378,7 @@ pub fn apply(existing: &mut Vec<InstanceView>, config: &ConfigKey, ops: &[Instan
                     shared: *shared,
                     nodes: BTreeSet::from([node.clone()]),
                     device: device.clone(),
+                    capacity: *capacity,
                 }),
             },
             InstanceOp::AddNode { name, node } => {
@@ -367,6 +395,11 @@ pub fn apply(existing: &mut Vec<InstanceView>, config: &ConfigKey, ops: &[Instan
             InstanceOp::UpdateDevice { name, device } => {
                 if let Some(e) = existing.iter_mut().find(|e| e.name == *name) {
                     e.device = device.clone();
+                }
+            }
+            InstanceOp::SetCapacity { name, capacity } => {
+                if let Some(e) = existing.iter_mut().find(|e| e.name == *name) {
+                    e.capacity = *capacity;
                 }
             }
             InstanceOp::Delete { name } => existing.retain(|e| e.name != *name),

@@ -13,6 +13,9 @@ fn device(id: &str, v: &str) -> Device {
     }
 }
 
+/// The capacity most tests plan with.
+const CAP: u32 = 1;
+
 fn cfg(name: &str) -> ConfigKey {
     ConfigKey::new("ns", name)
 }
@@ -25,7 +28,7 @@ fn run(
     shared: bool,
     found: &[Device],
 ) {
-    let ops = plan(node, config, shared, found, store);
+    let ops = plan(node, config, shared, CAP, found, store);
     apply(store, config, &ops);
 }
 
@@ -127,7 +130,7 @@ fn merge_unions_by_id_with_order_independent_winner() {
 fn first_report_creates_then_nothing() {
     let c = cfg("cam");
     let found = vec![device("d1", "x"), device("d2", "y")];
-    let ops = plan("n1", &c, false, &found, &[]);
+    let ops = plan("n1", &c, false, CAP, &found, &[]);
     assert_eq!(ops.len(), 2);
     assert!(
         ops.iter()
@@ -136,7 +139,7 @@ fn first_report_creates_then_nothing() {
     let mut store = Vec::new();
     apply(&mut store, &c, &ops);
     assert_eq!(store.len(), 2);
-    assert!(plan("n1", &c, false, &found, &store).is_empty());
+    assert!(plan("n1", &c, false, CAP, &found, &store).is_empty());
 }
 
 #[test]
@@ -150,11 +153,12 @@ fn changed_device_is_updated_and_vanished_device_deleted() {
             "n1",
             &c,
             false,
+            CAP,
             &[device("d1", "x"), device("d2", "y")],
             &[],
         ),
     );
-    let ops = plan("n1", &c, false, &[device("d1", "changed")], &store);
+    let ops = plan("n1", &c, false, CAP, &[device("d1", "changed")], &store);
     let d1 = instance_name(&c, "d1", false, "n1");
     let d2 = instance_name(&c, "d2", false, "n1");
     let mut expected = vec![
@@ -175,7 +179,14 @@ fn shared_device_joins_and_leaves() {
     let name = instance_name(&c, &cam.id, true, "");
     let mut store = Vec::new();
     run(&mut store, "n1", &c, true, std::slice::from_ref(&cam));
-    let ops = plan("n2", &c, true, &[device("rtsp://cam", "n2-view")], &store);
+    let ops = plan(
+        "n2",
+        &c,
+        true,
+        CAP,
+        &[device("rtsp://cam", "n2-view")],
+        &store,
+    );
     // n2 is not the lowest node: it joins but does not rewrite the data.
     assert_eq!(
         ops,
@@ -191,7 +202,7 @@ fn shared_device_joins_and_leaves() {
     );
     assert_eq!(store[0].device, cam);
     // n1 loses sight: it leaves; n2 (now lowest) takes over the data.
-    let ops = plan("n1", &c, true, &[], &store);
+    let ops = plan("n1", &c, true, CAP, &[], &store);
     assert_eq!(
         ops,
         vec![InstanceOp::RemoveNode {
@@ -200,7 +211,14 @@ fn shared_device_joins_and_leaves() {
         }]
     );
     apply(&mut store, &c, &ops);
-    let ops = plan("n2", &c, true, &[device("rtsp://cam", "n2-view")], &store);
+    let ops = plan(
+        "n2",
+        &c,
+        true,
+        CAP,
+        &[device("rtsp://cam", "n2-view")],
+        &store,
+    );
     assert_eq!(
         ops,
         vec![InstanceOp::UpdateDevice {
@@ -210,7 +228,7 @@ fn shared_device_joins_and_leaves() {
     );
     apply(&mut store, &c, &ops);
     // Last node leaving deletes.
-    let ops = plan("n2", &c, true, &[], &store);
+    let ops = plan("n2", &c, true, CAP, &[], &store);
     assert_eq!(ops, vec![InstanceOp::Delete { name }]);
     apply(&mut store, &c, &ops);
     assert!(store.is_empty());
@@ -221,7 +239,7 @@ fn lower_node_joining_takes_over_the_data() {
     let c = cfg("ipcam");
     let mut store = Vec::new();
     run(&mut store, "n5", &c, true, &[device("cam", "five")]);
-    let ops = plan("n1", &c, true, &[device("cam", "one")], &store);
+    let ops = plan("n1", &c, true, CAP, &[device("cam", "one")], &store);
     let name = instance_name(&c, "cam", true, "");
     assert_eq!(
         ops,
@@ -238,8 +256,8 @@ fn lower_node_joining_takes_over_the_data() {
     );
     apply(&mut store, &c, &ops);
     // Neither node rewrites any more: no ping-pong.
-    assert!(plan("n5", &c, true, &[device("cam", "five")], &store).is_empty());
-    assert!(plan("n1", &c, true, &[device("cam", "one")], &store).is_empty());
+    assert!(plan("n5", &c, true, CAP, &[device("cam", "five")], &store).is_empty());
+    assert!(plan("n1", &c, true, CAP, &[device("cam", "one")], &store).is_empty());
 }
 
 #[test]
@@ -250,10 +268,10 @@ fn other_configurations_and_nodes_are_untouched() {
     run(&mut store, "n1", &c2, false, &[device("d", "x")]);
     // n1 sees nothing for c1: n2's unshared instance of c1 stays, and so
     // does n1's own instance of c2.
-    assert!(plan("n1", &c1, false, &[], &store).is_empty());
+    assert!(plan("n1", &c1, false, CAP, &[], &store).is_empty());
     // Even a corrupted unshared instance of n2 that lists n1 is left alone.
     store[0].nodes.insert("n1".to_owned());
-    assert!(plan("n1", &c1, false, &[], &store).is_empty());
+    assert!(plan("n1", &c1, false, CAP, &[], &store).is_empty());
 }
 
 #[test]
@@ -263,7 +281,7 @@ fn switching_sharing_replaces_instances() {
     run(&mut store, "n1", &c, false, &[device("d", "x")]);
     let unshared = instance_name(&c, "d", false, "n1");
     let shared = instance_name(&c, "d", true, "n1");
-    let ops = plan("n1", &c, true, &[device("d", "x")], &store);
+    let ops = plan("n1", &c, true, CAP, &[device("d", "x")], &store);
     assert_eq!(ops.len(), 2);
     assert!(ops.contains(&InstanceOp::Delete { name: unshared }));
     assert!(
@@ -301,10 +319,54 @@ fn node_gone_removes_it_everywhere() {
 }
 
 #[test]
+fn capacity_edit_resizes_each_instance_once_by_its_owner() {
+    let (c, ip) = (cfg("cam"), cfg("ipcam"));
+    let mut store = Vec::new();
+    run(&mut store, "n1", &c, false, &[device("d1", "x")]);
+    run(&mut store, "n2", &ip, true, &[device("cam", "two")]);
+    run(&mut store, "n1", &ip, true, &[device("cam", "one")]);
+    assert_eq!(store.len(), 2);
+    assert!(store.iter().all(|e| e.capacity == CAP));
+
+    // The unshared one: its node resizes it.
+    let ops = plan("n1", &c, false, 3, &[device("d1", "x")], &store);
+    assert_eq!(
+        ops,
+        vec![InstanceOp::SetCapacity {
+            name: instance_name(&c, "d1", false, "n1"),
+            capacity: 3
+        }]
+    );
+    apply(&mut store, &c, &ops);
+    // The shared one: only its owner (the least node name) writes.
+    assert!(plan("n2", &ip, true, 3, &[device("cam", "two")], &store).is_empty());
+    let ops = plan("n1", &ip, true, 3, &[device("cam", "one")], &store);
+    assert_eq!(
+        ops,
+        vec![InstanceOp::SetCapacity {
+            name: instance_name(&ip, "cam", true, ""),
+            capacity: 3
+        }]
+    );
+    apply(&mut store, &ip, &ops);
+    assert!(store.iter().all(|e| e.capacity == 3));
+    // New instances get the current capacity.
+    let ops = plan(
+        "n1",
+        &c,
+        false,
+        3,
+        &[device("d1", "x"), device("d9", "y")],
+        &store,
+    );
+    assert!(matches!(&ops[..], [InstanceOp::Create { capacity: 3, .. }]));
+}
+
+#[test]
 fn duplicate_discovered_ids_are_resolved_like_merge() {
     let c = cfg("cam");
     let found = vec![device("d", "b"), device("d", "a")];
-    let ops = plan("n1", &c, false, &found, &[]);
+    let ops = plan("n1", &c, false, CAP, &found, &[]);
     assert_eq!(ops.len(), 1);
     assert!(matches!(&ops[0], InstanceOp::Create { device: d, .. } if *d == device("d", "a")));
 }
@@ -323,16 +385,25 @@ fn arb_report() -> impl Strategy<Value = Vec<Device>> {
     })
 }
 
-/// One step of a random world: a node reports for a Configuration.
-fn arb_report_step() -> impl Strategy<Value = (usize, usize, bool, Vec<Device>)> {
-    (0..NODES.len(), 0..2usize, any::<bool>(), arb_report())
+/// One step of a random world: a node reports for a Configuration whose
+/// capacity may have been edited since.
+type Step = (usize, usize, bool, u32, Vec<Device>);
+
+fn arb_report_step() -> impl Strategy<Value = Step> {
+    (
+        0..NODES.len(),
+        0..2usize,
+        any::<bool>(),
+        1u32..4,
+        arb_report(),
+    )
 }
 
-fn world(steps: &[(usize, usize, bool, Vec<Device>)]) -> Vec<InstanceView> {
+fn world(steps: &[Step]) -> Vec<InstanceView> {
     let mut store = Vec::new();
-    for (n, c, shared, found) in steps {
+    for (n, c, shared, capacity, found) in steps {
         let config = cfg(&format!("c{c}"));
-        let ops = plan(NODES[*n], &config, *shared, found, &store);
+        let ops = plan(NODES[*n], &config, *shared, *capacity, found, &store);
         apply(&mut store, &config, &ops);
     }
     store
@@ -367,10 +438,10 @@ proptest! {
                 store[k].device.properties.insert("V".to_owned(), format!("t{v}"));
             }
         }
-        let (n, c, shared, found) = last;
+        let (n, c, shared, capacity, found) = last;
         let (node, config) = (NODES[n], cfg(&format!("c{c}")));
         let before = store.clone();
-        let ops = plan(node, &config, shared, &found, &store);
+        let ops = plan(node, &config, shared, capacity, &found, &store);
         // Unshared instances of other nodes are never touched.
         let foreign = foreign_unshared(&before, node);
         for op in &ops {
@@ -384,7 +455,7 @@ proptest! {
             );
         }
         apply(&mut store, &config, &ops);
-        prop_assert_eq!(plan(node, &config, shared, &found, &store), Vec::new());
+        prop_assert_eq!(plan(node, &config, shared, capacity, &found, &store), Vec::new());
         // The node now lists exactly what it discovered.
         let expected: BTreeSet<String> = found
             .iter()
@@ -410,8 +481,10 @@ proptest! {
     ) {
         let config = cfg("ipcam");
         let mut store = Vec::new();
+        // The noise is planned under an older capacity (the Configuration
+        // was edited since).
         for (n, found) in &noise {
-            let ops = plan(NODES[*n], &config, true, found, &store);
+            let ops = plan(NODES[*n], &config, true, CAP + 2, found, &store);
             apply(&mut store, &config, &ops);
         }
         // One node may leave the cluster instead of reporting.
@@ -423,7 +496,7 @@ proptest! {
         let round = |store: &mut Vec<InstanceView>| {
             let mut writes = 0;
             for &n in &reporting {
-                let ops = plan(NODES[n], &config, true, &finals[n], store);
+                let ops = plan(NODES[n], &config, true, CAP, &finals[n], store);
                 writes += ops.len();
                 apply(store, &config, &ops);
             }
@@ -451,6 +524,7 @@ proptest! {
             let n = NODES.iter().position(|x| *x == owner).unwrap_or(usize::MAX);
             let view = finals.get(n).and_then(|f| f.iter().find(|d| d.id == e.device_id));
             prop_assert_eq!(Some(&e.device), view);
+            prop_assert_eq!(e.capacity, CAP, "{} kept an old capacity", e.name);
         }
         prop_assert_eq!(round(&mut store), 0);
     }
