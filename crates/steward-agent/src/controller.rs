@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use steward_api::HandlerStatus;
+use steward_api::{ConfigurationSpec, HandlerStatus};
 use steward_core::Millis;
 use steward_core::discovery::instances::merge;
 use steward_core::discovery::registry::{Effect, HandlerState, Registry, RegistryEvent};
@@ -217,16 +217,21 @@ impl<S: InstanceStore> Controller<S> {
                 let handler_name = snap.configuration.spec.discovery_handler.name.clone();
                 tracing::info!(configuration = %key, handler = %handler_name, "configuration applied");
                 let details = snap.request.as_ref().err().map(|m| Err(m.clone()));
-                // A capacity edit changes no discovery request: resize the
-                // Instances from the reports already in hand, once this node
-                // has reconciled them at least once (before that, an empty
-                // report would read as "no devices").
+                // A capacity edit changes no discovery request: discovery is
+                // not restarted, and the Instances are resized from the
+                // reports already in hand, once this node has reconciled them
+                // at least once (before that, an empty report would read as
+                // "no devices"). Any other change, including a new value of
+                // a referenced Secret or ConfigMap, restarts discovery.
                 let mut resize = false;
+                let mut rediscover = true;
                 match self.configs.get_mut(&key) {
                     Some(cs) => {
+                        let (old, new) = (&cs.snap, &*snap);
+                        rediscover = old.request != new.request
+                            || !same_but_capacity(&old.configuration.spec, &new.configuration.spec);
                         resize = cs.instances.is_some()
-                            && cs.snap.configuration.spec.capacity
-                                != snap.configuration.spec.capacity;
+                            && old.configuration.spec.capacity != new.configuration.spec.capacity;
                         cs.snap = *snap;
                         cs.details = details;
                         cs.warned = None;
@@ -244,13 +249,15 @@ impl<S: InstanceStore> Controller<S> {
                         );
                     }
                 }
-                let at = self.now();
-                self.feed(RegistryEvent::ConfigurationApplied {
-                    config: key.clone(),
-                    handler_name,
-                    at,
-                })
-                .await;
+                if rediscover {
+                    let at = self.now();
+                    self.feed(RegistryEvent::ConfigurationApplied {
+                        config: key.clone(),
+                        handler_name,
+                        at,
+                    })
+                    .await;
+                }
                 self.warn_invalid(&key).await;
                 if resize {
                     tracing::info!(configuration = %key, capacity = self.configs.get(&key).map_or(0, |cs| cs.snap.configuration.spec.capacity), "capacity changed; resizing instances");
@@ -674,4 +681,11 @@ impl<S: InstanceStore> Controller<S> {
         }
         self.metrics.set_handlers(w, a, o);
     }
+}
+
+/// Whether two specs differ in nothing but `capacity`.
+fn same_but_capacity(a: &ConfigurationSpec, b: &ConfigurationSpec) -> bool {
+    let mut b = b.clone();
+    b.capacity = a.capacity;
+    *a == b
 }

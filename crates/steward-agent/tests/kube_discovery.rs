@@ -416,3 +416,134 @@ async fn restarted_agent_keeps_registrations() {
     dh.stop().await;
     agent.stop().await.unwrap();
 }
+
+/// A handler that reports one device whose id is built from the discovery
+/// properties `PREFIX` and `ID`: what it sees is what was resolved.
+struct PropertyEcho;
+
+impl steward_discovery::DiscoveryHandler for PropertyEcho {
+    fn name(&self) -> &str {
+        "property-echo"
+    }
+    fn shared(&self) -> bool {
+        false
+    }
+    fn discover(
+        &self,
+        req: steward_discovery::DiscoverRequest,
+    ) -> Result<steward_discovery::DeviceStream, steward_discovery::DiscoveryError> {
+        use futures::StreamExt;
+        let prop = |k: &str| String::from_utf8_lossy(&req.properties[k]).into_owned();
+        let device = steward_core::discovery::Device {
+            id: format!("{}-{}", prop("PREFIX"), prop("ID")),
+            properties: Default::default(),
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+        };
+        Ok(futures::stream::once(async move { Ok(vec![device]) })
+            .chain(futures::stream::pending())
+            .boxed())
+    }
+}
+
+/// Discovery properties follow their Secret and ConfigMap: editing the
+/// referenced object restarts discovery with the new value, without
+/// touching the Configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_properties_follow_their_secret_and_config_map() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::{Patch, PatchParams};
+    use steward_api::{DiscoveryProperty, DiscoveryPropertySource, KeyRef};
+
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(test_config(
+        "node-a",
+        dir.path(),
+        Mode::Kubernetes(server.client()),
+    ));
+    let dh = ExternalHandler::start(
+        Arc::new(PropertyEcho),
+        dir.path().join("props.sock"),
+        agent.socket.clone(),
+    );
+    let secrets: Api<Secret> = Api::namespaced(server.client(), NS);
+    let maps: Api<ConfigMap> = Api::namespaced(server.client(), NS);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("creds".into());
+    secret.data = Some([("id".to_string(), ByteString(b"cam-a".to_vec()))].into());
+    secrets.create(&Default::default(), &secret).await.unwrap();
+    let mut map = ConfigMap::default();
+    map.metadata.name = Some("site".into());
+    map.data = Some([("prefix".to_string(), "lab".to_string())].into());
+    maps.create(&Default::default(), &map).await.unwrap();
+
+    let key_ref = |name: &str, key: &str| KeyRef {
+        name: name.into(),
+        namespace: None,
+        key: key.into(),
+        optional: None,
+    };
+    let mut c = configuration("cams", "property-echo", "");
+    c.spec.discovery_handler.discovery_properties = vec![
+        DiscoveryProperty {
+            name: "ID".into(),
+            value: None,
+            value_from: Some(DiscoveryPropertySource {
+                secret_key_ref: Some(key_ref("creds", "id")),
+                config_map_key_ref: None,
+            }),
+        },
+        DiscoveryProperty {
+            name: "PREFIX".into(),
+            value: None,
+            value_from: Some(DiscoveryPropertySource {
+                secret_key_ref: None,
+                config_map_key_ref: Some(key_ref("site", "prefix")),
+            }),
+        },
+    ];
+    let c = create_configuration(&server, &c).await;
+    let device_ids = || async {
+        instances_of(&server, "cams")
+            .await
+            .into_iter()
+            .map(|i| i.spec.device_id)
+            .collect::<Vec<_>>()
+    };
+    eventually("device from the resolved properties", WAIT, || async {
+        (device_ids().await == ["lab-cam-a"]).then_some(())
+    })
+    .await;
+
+    // The Secret changes: discovery restarts with the new value.
+    let patch = serde_json::json!({"data": {"id": "Y2FtLWI="}}); // "cam-b"
+    secrets
+        .patch("creds", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("device follows the Secret", WAIT, || async {
+        (device_ids().await == ["lab-cam-b"]).then_some(())
+    })
+    .await;
+
+    // The ConfigMap changes too.
+    let patch = serde_json::json!({"data": {"prefix": "yard"}});
+    maps.patch("site", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("device follows the ConfigMap", WAIT, || async {
+        (device_ids().await == ["yard-cam-b"]).then_some(())
+    })
+    .await;
+
+    // Nobody touched the Configuration's spec.
+    let now: Configuration = Api::namespaced(server.client(), NS)
+        .get("cams")
+        .await
+        .unwrap();
+    assert_eq!(now.spec, c.spec);
+    dh.stop().await;
+    agent.stop().await.unwrap();
+}

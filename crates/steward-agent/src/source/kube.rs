@@ -1,7 +1,9 @@
 //! Kubernetes mode: Configurations watched in every namespace; discovery
 //! properties resolved from Secret and ConfigMap keys when the Configuration
-//! is applied (a later change of the referenced Secret or ConfigMap is picked
-//! up at the next change of the Configuration).
+//! is applied, and again whenever a referenced Secret or ConfigMap changes:
+//! each referenced object is watched by name (`metadata.name` field
+//! selector, the way kubelet watches the Secrets its pods mount), so the
+//! agent needs `get`/`list`/`watch` only on the objects it is pointed at.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -133,16 +135,167 @@ async fn snapshot(client: &kube::Client, c: Configuration) -> Option<ConfigSnaps
     })
 }
 
-/// Watch Configurations in every namespace and send spec changes to `tx`.
-/// Ends when `tx` closes.
+/// A Secret or ConfigMap that discovery properties read.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum PropertySource {
+    Secret { namespace: String, name: String },
+    ConfigMap { namespace: String, name: String },
+}
+
+impl std::fmt::Display for PropertySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Secret { namespace, name } => write!(f, "Secret {namespace}/{name}"),
+            Self::ConfigMap { namespace, name } => write!(f, "ConfigMap {namespace}/{name}"),
+        }
+    }
+}
+
+/// The Secrets and ConfigMaps the discovery properties of a Configuration
+/// in `namespace` refer to.
+fn property_sources(namespace: &str, spec: &ConfigurationSpec) -> BTreeSet<PropertySource> {
+    let mut out = BTreeSet::new();
+    for p in &spec.discovery_handler.discovery_properties {
+        let Some(from) = &p.value_from else { continue };
+        let ns = |r: &KeyRef| r.namespace.clone().unwrap_or_else(|| namespace.to_owned());
+        if let Some(r) = &from.secret_key_ref {
+            out.insert(PropertySource::Secret {
+                namespace: ns(r),
+                name: r.name.clone(),
+            });
+        }
+        if let Some(r) = &from.config_map_key_ref {
+            out.insert(PropertySource::ConfigMap {
+                namespace: ns(r),
+                name: r.name.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Watch one object by name; report to `tx` each time it changes, appears
+/// or goes away (and once the watch is first established).
+async fn watch_source(
+    client: kube::Client,
+    source: PropertySource,
+    tx: mpsc::Sender<PropertySource>,
+) {
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = match &source {
+        PropertySource::Secret { namespace, name } => {
+            watcher::watcher(Api::<Secret>::namespaced(client, namespace), by_name(name))
+                .default_backoff()
+                .map(|e| {
+                    e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone))
+                })
+                .boxed()
+        }
+        PropertySource::ConfigMap { namespace, name } => watcher::watcher(
+            Api::<ConfigMap>::namespaced(client, namespace),
+            by_name(name),
+        )
+        .default_backoff()
+        .map(|e| e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone)))
+        .boxed(),
+    };
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(true) => {
+                if tx.send(source.clone()).await.is_err() {
+                    return;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(source = %source, error = %e, "watching a discovery property source failed; retrying")
+            }
+        }
+    }
+}
+
+/// What the source last sent for a Configuration.
+struct Known {
+    configuration: Configuration,
+    request: Result<DiscoverRequest, String>,
+    sources: BTreeSet<PropertySource>,
+}
+
+/// Watches of the referenced Secrets and ConfigMaps, one per object.
+struct SourceWatches {
+    client: kube::Client,
+    tx: mpsc::Sender<PropertySource>,
+    tasks: BTreeMap<PropertySource, tokio::task::AbortHandle>,
+}
+
+impl SourceWatches {
+    /// Watch exactly the objects `known` refers to.
+    fn sync(&mut self, known: &BTreeMap<ConfigKey, Known>) {
+        let wanted: BTreeSet<PropertySource> = known
+            .values()
+            .flat_map(|k| k.sources.iter().cloned())
+            .collect();
+        self.tasks.retain(|s, handle| {
+            let keep = wanted.contains(s);
+            if !keep {
+                handle.abort();
+            }
+            keep
+        });
+        for s in wanted {
+            if !self.tasks.contains_key(&s) {
+                tracing::debug!(source = %s, "watching discovery property source");
+                let task = tokio::spawn(watch_source(
+                    self.client.clone(),
+                    s.clone(),
+                    self.tx.clone(),
+                ));
+                self.tasks.insert(s, task.abort_handle());
+            }
+        }
+    }
+}
+
+impl Drop for SourceWatches {
+    fn drop(&mut self) {
+        for handle in self.tasks.values() {
+            handle.abort();
+        }
+    }
+}
+
+/// Watch Configurations in every namespace, and the Secrets and ConfigMaps
+/// their discovery properties read; send spec changes, and changes of the
+/// resolved properties, to `tx`. Ends when `tx` closes.
 pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
     let api = Api::<Configuration>::all(client.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    let mut known: BTreeMap<ConfigKey, ConfigurationSpec> = BTreeMap::new();
+    let (source_tx, mut source_rx) = mpsc::channel(64);
+    let mut watches = SourceWatches {
+        client: client.clone(),
+        tx: source_tx,
+        tasks: BTreeMap::new(),
+    };
+    let mut known: BTreeMap<ConfigKey, Known> = BTreeMap::new();
     let mut relist: Option<BTreeSet<ConfigKey>> = None;
-    while let Some(ev) = stream.next().await {
+    loop {
+        let ev = tokio::select! {
+            ev = stream.next() => match ev {
+                Some(ev) => ev,
+                None => return,
+            },
+            Some(changed) = source_rx.recv() => {
+                let out = re_resolve(&client, &mut known, &changed).await;
+                for e in out {
+                    if tx.send(e).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
         let event = match ev {
             Ok(e) => e,
             Err(e) => {
@@ -160,12 +313,22 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
                 if let Some(seen) = relist.as_mut() {
                     seen.insert(key.clone());
                 }
-                if known.get(&key) == Some(&c.spec) {
+                if known.get(&key).map(|k| &k.configuration.spec) == Some(&c.spec) {
                     continue;
                 }
-                known.insert(key, c.spec.clone());
                 match snapshot(&client, c).await {
-                    Some(s) => vec![ConfigEvent::Applied(Box::new(s))],
+                    Some(s) => {
+                        known.insert(
+                            key.clone(),
+                            Known {
+                                sources: property_sources(&key.namespace, &s.configuration.spec),
+                                configuration: s.configuration.clone(),
+                                request: s.request.clone(),
+                            },
+                        );
+                        watches.sync(&known);
+                        vec![ConfigEvent::Applied(Box::new(s))]
+                    }
                     None => Vec::new(),
                 }
             }
@@ -184,11 +347,13 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
                     })
                     .collect();
                 out.push(ConfigEvent::Synced(known.keys().cloned().collect()));
+                watches.sync(&known);
                 out
             }
             Event::Delete(c) => {
                 let Ok(key) = config_key(&c) else { continue };
                 known.remove(&key);
+                watches.sync(&known);
                 vec![ConfigEvent::Deleted(key)]
             }
         };
@@ -198,4 +363,29 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
             }
         }
     }
+}
+
+/// `changed` changed: resolve again the properties of every Configuration
+/// that reads it, and report those whose resolved request differs.
+async fn re_resolve(
+    client: &kube::Client,
+    known: &mut BTreeMap<ConfigKey, Known>,
+    changed: &PropertySource,
+) -> Vec<ConfigEvent> {
+    let mut out = Vec::new();
+    for (key, k) in known.iter_mut() {
+        if !k.sources.contains(changed) {
+            continue;
+        }
+        let Some(s) = snapshot(client, k.configuration.clone()).await else {
+            continue;
+        };
+        if s.request == k.request {
+            continue;
+        }
+        tracing::info!(configuration = %key, source = %changed, "discovery properties changed with their source");
+        k.request = s.request.clone();
+        out.push(ConfigEvent::Applied(Box::new(s)));
+    }
+    out
 }
