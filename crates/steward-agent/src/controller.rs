@@ -223,15 +223,17 @@ impl<S: InstanceStore> Controller<S> {
                 // at least once (before that, an empty report would read as
                 // "no devices"). Any other change, including a new value of
                 // a referenced Secret or ConfigMap, restarts discovery.
-                let mut resize = false;
+                let mut resize = None;
                 let mut rediscover = true;
                 match self.configs.get_mut(&key) {
                     Some(cs) => {
                         let (old, new) = (&cs.snap, &*snap);
                         rediscover = old.request != new.request
                             || !same_but_capacity(&old.configuration.spec, &new.configuration.spec);
-                        resize = cs.instances.is_some()
-                            && old.configuration.spec.capacity != new.configuration.spec.capacity;
+                        let capacity = new.configuration.spec.capacity;
+                        resize = (cs.instances.is_some()
+                            && old.configuration.spec.capacity != capacity)
+                            .then_some(capacity);
                         cs.snap = *snap;
                         cs.details = details;
                         cs.warned = None;
@@ -259,8 +261,8 @@ impl<S: InstanceStore> Controller<S> {
                     .await;
                 }
                 self.warn_invalid(&key).await;
-                if resize {
-                    tracing::info!(configuration = %key, capacity = self.configs.get(&key).map_or(0, |cs| cs.snap.configuration.spec.capacity), "capacity changed; resizing instances");
+                if let Some(capacity) = resize {
+                    tracing::info!(configuration = %key, capacity, "capacity changed; resizing instances");
                     self.reconcile(&key).await;
                 }
                 self.publish(&key).await;

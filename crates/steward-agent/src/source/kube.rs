@@ -174,6 +174,24 @@ fn property_sources(namespace: &str, spec: &ConfigurationSpec) -> BTreeSet<Prope
     out
 }
 
+/// Whether each event of a by-name watch of `api`'s object `name` is a
+/// change worth re-resolving for (it changed, appeared or went away, or the
+/// watch was (re-)established).
+fn changes_of<K>(
+    api: Api<K>,
+    name: &str,
+) -> futures::stream::BoxStream<'static, Result<bool, watcher::Error>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    watcher::watcher(api, by_name)
+        .default_backoff()
+        .map(|e| e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone)))
+        .boxed()
+}
+
 /// Watch one object by name; report to `tx` each time it changes, appears
 /// or goes away (and once the watch is first established).
 async fn watch_source(
@@ -181,23 +199,13 @@ async fn watch_source(
     source: PropertySource,
     tx: mpsc::Sender<PropertySource>,
 ) {
-    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = match &source {
         PropertySource::Secret { namespace, name } => {
-            watcher::watcher(Api::<Secret>::namespaced(client, namespace), by_name(name))
-                .default_backoff()
-                .map(|e| {
-                    e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone))
-                })
-                .boxed()
+            changes_of(Api::<Secret>::namespaced(client, namespace), name)
         }
-        PropertySource::ConfigMap { namespace, name } => watcher::watcher(
-            Api::<ConfigMap>::namespaced(client, namespace),
-            by_name(name),
-        )
-        .default_backoff()
-        .map(|e| e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone)))
-        .boxed(),
+        PropertySource::ConfigMap { namespace, name } => {
+            changes_of(Api::<ConfigMap>::namespaced(client, namespace), name)
+        }
     };
     while let Some(ev) = events.next().await {
         match ev {
