@@ -11,6 +11,7 @@
 //!
 //! See the crate README for the implemented semantics and the explicit gaps.
 
+pub mod client;
 mod error;
 mod schema;
 mod selector;

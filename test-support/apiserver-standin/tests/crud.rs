@@ -549,3 +549,58 @@ async fn secrets_fold_string_data_and_dry_run_persists_nothing() {
     assert_eq!(created.type_.as_deref(), Some("Opaque"));
     s.shutdown().await;
 }
+
+/// `client::replace_with_retry` starts a new round on 409 and keeps both
+/// writes; it gives up with the 409 once its rounds are spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_with_retry_rereads_on_conflict_and_keeps_the_other_write() {
+    use std::collections::BTreeMap;
+    use steward_testing_apiserver::client::{CONFLICT_ATTEMPTS, replace_with_retry};
+    use tokio::runtime::Handle;
+
+    let s = ApiServer::start().await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(s.client());
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("cm".into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    // Another writer changes the object after our first read.
+    let other = |key: &'static str, value: String| {
+        let cms = cms.clone();
+        tokio::task::block_in_place(move || {
+            Handle::current().block_on(async move {
+                let patch = json!({"data": {key: value}});
+                cms.patch("cm", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+            })
+        })
+    };
+    let mut rounds = 0;
+    let out = replace_with_retry(&cms, "cm", |c| {
+        rounds += 1;
+        if rounds == 1 {
+            other("other", "theirs".into());
+        }
+        c.data
+            .get_or_insert_with(BTreeMap::new)
+            .insert("mine".into(), "ours".into());
+    })
+    .await
+    .unwrap();
+    assert_eq!(rounds, 2, "the conflicting round must be retried once");
+    let data = out.data.unwrap();
+    assert_eq!(data.get("mine").map(String::as_str), Some("ours"));
+    assert_eq!(data.get("other").map(String::as_str), Some("theirs"));
+
+    // A writer that wins every round: the last 409 comes back.
+    let mut rounds = 0;
+    let err = replace_with_retry(&cms, "cm", |_| {
+        rounds += 1;
+        other("always", rounds.to_string());
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(api_err(err).code, 409);
+    assert_eq!(rounds, CONFLICT_ATTEMPTS);
+}

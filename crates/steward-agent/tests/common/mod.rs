@@ -19,6 +19,7 @@ use steward_core::discovery::registry::RegistryConfig;
 use steward_discovery::DiscoveryHandler;
 use steward_discovery::client::ClientOptions;
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::client::replace_with_retry;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -241,20 +242,15 @@ pub async fn create_configuration(server: &ApiServer, c: &Configuration) -> Conf
     api.create(&PostParams::default(), c).await.unwrap()
 }
 
-/// Sets the discovery details of Configuration `name`, retrying on 409 the
-/// way an operator's client does: the agent writes the status concurrently.
+/// Sets the discovery details of Configuration `name`, retrying on 409:
+/// the agent writes the status concurrently.
 pub async fn set_details(server: &ApiServer, name: &str, details: &str) {
     let api: Api<Configuration> = Api::namespaced(server.client(), NS);
-    for _ in 0..20 {
-        let mut c = api.get(name).await.unwrap();
+    replace_with_retry(&api, name, |c| {
         c.spec.discovery_handler.details = details.to_string();
-        match api.replace(name, &PostParams::default(), &c).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-            Err(e) => panic!("replacing Configuration {name}: {e}"),
-        }
-    }
-    panic!("Configuration {name}: still conflicting after 20 attempts");
+    })
+    .await
+    .unwrap();
 }
 
 pub async fn instances(server: &ApiServer) -> Vec<Instance> {

@@ -17,6 +17,7 @@ use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
 use steward_core::slots::SlotConfig;
 use steward_discovery::DiscoveryHandler;
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::client::replace_with_retry;
 use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -193,20 +194,13 @@ pub fn echo_details(descriptions: &[&str]) -> String {
     )
 }
 
-/// Sets the `capacity` of Configuration `name`, retrying on 409 the way an
-/// operator's client does (the agent writes the status concurrently).
+/// Sets the `capacity` of Configuration `name`, retrying on 409: the agent
+/// writes the status concurrently.
 pub async fn set_capacity(server: &ApiServer, name: &str, capacity: u32) {
     let api: Api<Configuration> = Api::namespaced(server.client(), NS);
-    for _ in 0..20 {
-        let mut c = api.get(name).await.unwrap();
-        c.spec.capacity = capacity;
-        match api.replace(name, &PostParams::default(), &c).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-            Err(e) => panic!("replacing Configuration {name}: {e}"),
-        }
-    }
-    panic!("Configuration {name}: still conflicting after 20 attempts");
+    replace_with_retry(&api, name, |c| c.spec.capacity = capacity)
+        .await
+        .unwrap();
 }
 
 /// Waits until the Instance of `config` lists `nodes`; returns it.

@@ -20,6 +20,7 @@ use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use steward_api::{Configuration, ConfigurationSpec, ConfigurationStatus, Instance};
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::client::replace_with_retry;
 
 /// The binary under test (built by cargo for this package's tests and benches).
 pub const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
@@ -90,24 +91,16 @@ impl Cluster {
             .with_context(|| format!("creating Configuration {:?}", c.metadata.name))
     }
 
-    /// Replaces the details of Configuration `name`. Retries on 409, as an
-    /// operator's client does: an agent (or one just killed, whose last
-    /// request the server is still handling) may write the status between
-    /// our read and our write.
+    /// Replaces the details of Configuration `name`, retrying on 409: an
+    /// agent (or one just killed, whose last request the server is still
+    /// handling) may write the status between our read and our write.
     pub async fn set_details(&self, name: &str, details: &str) -> anyhow::Result<()> {
-        let api = self.configurations();
-        for _ in 0..CONFLICT_RETRIES {
-            let mut c = api.get(name).await?;
+        replace_with_retry(&self.configurations(), name, |c| {
             c.spec.discovery_handler.details = details.to_string();
-            match api.replace(name, &PostParams::default(), &c).await {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| format!("replacing Configuration {name}"));
-                }
-            }
-        }
-        bail!("Configuration {name}: still conflicting after {CONFLICT_RETRIES} attempts")
+        })
+        .await
+        .with_context(|| format!("replacing Configuration {name}"))?;
+        Ok(())
     }
 
     /// Instances of Configuration `config`, sorted by device id.
@@ -132,9 +125,6 @@ impl Cluster {
             .and_then(|c| c.status))
     }
 }
-
-/// Attempts of a read-modify-write before a test gives up.
-const CONFLICT_RETRIES: usize = 20;
 
 fn kubeconfig_yaml(server_url: &str) -> String {
     format!(
