@@ -5,8 +5,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use crate::{DiscoveryError, Endpoint};
@@ -52,14 +51,8 @@ pub(crate) async fn connect_uds(path: &Path, timeout: Duration) -> Result<Channe
             path.display()
         )));
     }
-    // The authority is a placeholder: the connector below ignores it.
-    let ep = TonicEndpoint::from_static("http://[::]:50051");
-    let ep = tune(ep, timeout);
-    let socket = path.to_path_buf();
-    let connector = tower::service_fn(move |_| {
-        let socket = socket.clone();
-        async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-    });
+    let ep = tune(steward_proto::uds::endpoint(), timeout);
+    let connector = steward_proto::uds::UnixConnector::new(path);
     match tokio::time::timeout(timeout, ep.connect_with_connector(connector)).await {
         Ok(Ok(channel)) => Ok(channel),
         Ok(Err(e)) => Err(DiscoveryError::Connect(format!(

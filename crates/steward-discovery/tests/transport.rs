@@ -90,17 +90,8 @@ impl External {
 }
 
 async fn raw_registration_client(socket: &Path) -> RegistrationClient<tonic::transport::Channel> {
-    let path = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    let channel = steward_proto::uds::endpoint()
+        .connect_with_connector(steward_proto::uds::UnixConnector::new(socket))
         .await
         .unwrap();
     RegistrationClient::new(channel)

@@ -42,3 +42,5 @@ pub mod discovery {
         tonic::include_proto!("v0");
     }
 }
+
+pub mod uds;

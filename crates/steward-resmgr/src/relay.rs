@@ -19,7 +19,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::error::ResmgrError;
@@ -40,19 +40,9 @@ impl Upstream {
     /// call; a runtime that goes away is re-dialled on the next call.
     /// `timeout` bounds calls the proxy itself makes (not relayed ones).
     pub fn new(path: &Path, timeout: Duration) -> Result<Self, ResmgrError> {
-        let endpoint = Endpoint::try_from("http://[::]:50051")
-            .map_err(|e| ResmgrError::RuntimeUnreachable {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?
-            .connect_timeout(timeout);
-        let target = path.to_path_buf();
-        let channel = endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
-            let p = target.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
-            }
-        }));
+        let channel = steward_proto::uds::endpoint()
+            .connect_timeout(timeout)
+            .connect_with_connector_lazy(steward_proto::uds::UnixConnector::new(path));
         Ok(Self {
             channel,
             raw: Arc::new(RawConn {

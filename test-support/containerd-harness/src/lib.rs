@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use steward_proto::cri::runtime::v1 as cri;
 use steward_proto::cri::runtime::v1::image_service_client::ImageServiceClient;
 use steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 /// Workload image: static busybox with applet symlinks in `/bin`; its default
@@ -301,18 +301,8 @@ pub async fn cri_client(
         path: path.clone(),
         source,
     };
-    // The URI is required by the API but unused: the connector dials the socket.
-    let endpoint = Endpoint::try_from("http://[::]:50051").map_err(connect_err)?;
-    let target = path.clone();
-    let channel = endpoint
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = target.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    let channel = steward_proto::uds::endpoint()
+        .connect_with_connector(steward_proto::uds::UnixConnector::new(&path))
         .await
         .map_err(connect_err)?;
     Ok((

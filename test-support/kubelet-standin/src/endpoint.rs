@@ -1,13 +1,12 @@
 //! The kubelet side of one plugin connection: dialing the plugin's socket and
 //! following its ListAndWatch stream.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use steward_proto::deviceplugin::v1beta1::{Empty, device_plugin_client::DevicePluginClient};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::shared::Shared;
@@ -19,17 +18,9 @@ pub(crate) const RPC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens a gRPC channel over a unix socket.
 pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path: PathBuf = path.to_path_buf();
-    // The URI is required by the API but never used: the connector below
-    // always dials the socket.
-    Endpoint::from_static("http://[::]:50051")
+    steward_proto::uds::endpoint()
         .connect_timeout(DIAL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
-            }
-        }))
+        .connect_with_connector(steward_proto::uds::UnixConnector::new(path))
         .await
 }
 

@@ -3,13 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use steward_core::slots::{ContainerDevices, ContainerResources, PodResources};
 use steward_proto::podresources::v1::{
     GetPodResourcesRequest, ListPodResourcesRequest, PodResources as WirePod,
     pod_resources_lister_client::PodResourcesListerClient,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Errors talking to kubelet over a unix socket.
 #[derive(Debug, thiserror::Error)]
@@ -39,19 +38,9 @@ impl KubeletError {
 
 /// A gRPC channel over the unix socket at `path`.
 pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel, KubeletError> {
-    let owned = path.to_path_buf();
-    let endpoint = Endpoint::try_from("http://[::]:50051").map_err(|e| KubeletError::Connect {
-        path: owned.clone(),
-        message: e.to_string(),
-    })?;
-    endpoint
+    steward_proto::uds::endpoint()
         .connect_timeout(timeout)
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = owned.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
-            }
-        }))
+        .connect_with_connector(steward_proto::uds::UnixConnector::new(path))
         .await
         .map_err(|e| KubeletError::Connect {
             path: path.to_path_buf(),
