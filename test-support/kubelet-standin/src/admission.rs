@@ -331,11 +331,13 @@ async fn allocate_container_resource(
             devices_ids: chosen.iter().cloned().collect(),
         }],
     };
+    let started = std::time::Instant::now();
     let response = tokio::time::timeout(RPC_TIMEOUT, client.allocate(request))
         .await
         .map_err(|_| unexpected("context deadline exceeded"))?
         .map_err(|s| unexpected(go_status_text(&s)))?
         .into_inner();
+    let took = started.elapsed();
     let Some(container_response) = response.container_responses.first().cloned() else {
         return Err(unexpected(format!(
             "no containers return in allocation response {response:?}"
@@ -343,6 +345,10 @@ async fn allocate_container_resource(
     };
     {
         let mut st = shared.lock();
+        st.alloc_durations
+            .entry(resource.to_string())
+            .or_default()
+            .push(took);
         let devices = st.devices_per_numa(resource, &chosen);
         st.pod_devices
             .entry(uid.to_string())

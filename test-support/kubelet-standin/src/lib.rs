@@ -158,6 +158,18 @@ impl Kubelet {
         self.shared.lock().container_devices(uid)
     }
 
+    /// How long each successful Allocate rpc to `resource`'s plugin took, in
+    /// call order (what kubelet's `device_plugin_alloc_duration_seconds`
+    /// histogram observes).
+    pub fn allocate_durations(&self, resource: &str) -> Vec<Duration> {
+        self.shared
+            .lock()
+            .alloc_durations
+            .get(resource)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// The plugin's allocate response recorded for one container and resource.
     pub fn allocate_response(
         &self,

@@ -91,6 +91,9 @@ pub(crate) struct State {
     /// Pod UID currently being admitted: kubelet does not garbage collect a
     /// pod pending admission.
     pub admitting: Option<String>,
+    /// resource → how long each successful Allocate rpc took, in call order
+    /// (kubelet's `device_plugin_alloc_duration_seconds`).
+    pub alloc_durations: BTreeMap<String, Vec<std::time::Duration>>,
 }
 
 impl State {

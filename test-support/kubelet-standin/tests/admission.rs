@@ -208,9 +208,14 @@ async fn allocate_errors_and_unknown_resources_reject_the_pod() {
     assert_eq!(p.calls().allocate, vec![vec!["a".to_string()]]);
 
     // The failed allocation does not hold the device.
+    // A failed Allocate is not observed as an allocation duration.
+    assert!(env.kubelet.allocate_durations(RESOURCE).is_empty());
     p.fail_allocate(None);
     let ok = env.kubelet.add_pod(pod("fine", 1)).await.unwrap();
     assert_eq!(ok.devices["main"][RESOURCE], set(&["a"]));
+    let durations = env.kubelet.allocate_durations(RESOURCE);
+    assert_eq!(durations.len(), 1, "one successful Allocate: {durations:?}");
+    assert!(durations[0] > std::time::Duration::ZERO);
 
     // A resource nobody advertises fails the node predicate.
     let spec = PodSpec::new("default", "alien")
