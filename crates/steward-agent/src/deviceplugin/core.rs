@@ -95,7 +95,7 @@ impl State {
     }
 
     fn any_awaiting(&self) -> bool {
-        self.ledger.claims().iter().any(|c| c.awaiting.is_some())
+        self.ledger.any_awaiting()
     }
 
     /// How long until a pod-resources `List` could release a pending claim

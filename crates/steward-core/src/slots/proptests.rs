@@ -680,6 +680,11 @@ impl Sim {
     }
 
     fn check(&self) {
+        assert_eq!(
+            self.ledger.any_awaiting(),
+            self.ledger.claims().iter().any(|c| c.awaiting.is_some()),
+            "any_awaiting disagrees with the claims"
+        );
         let in_use = self.in_use();
         let truth_others = self.truth_others();
         for info in &self.instances {

@@ -162,6 +162,13 @@ impl SlotLedger {
             .collect()
     }
 
+    /// Whether any claim awaits its pod's attribution (answered by Allocate,
+    /// or recovered so, and not attributed, released or timed out since).
+    /// Same answer as scanning [`SlotLedger::claims`], without copying them.
+    pub fn any_awaiting(&self) -> bool {
+        self.claims.values().any(|c| c.awaiting.is_some())
+    }
+
     /// The slot↔pod map: every slot this node holds or has claimed for a
     /// pod not identified yet, in slot order.
     pub fn holders(&self) -> Vec<Holding> {
