@@ -527,6 +527,7 @@ impl Sim {
         let Some(event) = self.cluster_events.pop_front() else {
             return;
         };
+        let before = self.ledger.health_all();
         let effects = match event {
             ClusterEvent::Put(claim) => {
                 self.fed_others
@@ -540,6 +541,23 @@ impl Sim {
                 self.ledger.cluster_claim_removed(&slot, &node)
             }
         };
+        // The per-slot health update names exactly the Instances whose
+        // health vector changed.
+        let mut expected = Vec::new();
+        self.ledger.health_diff(&before, &mut expected);
+        let named = |fx: &[Effect]| -> BTreeSet<String> {
+            fx.iter()
+                .filter_map(|e| match e {
+                    Effect::HealthChanged { instance } => Some(instance.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            named(&effects),
+            named(&expected),
+            "HealthChanged after a cluster event"
+        );
         self.apply(effects);
     }
 

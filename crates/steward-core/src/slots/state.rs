@@ -781,10 +781,14 @@ impl SlotLedger {
             self.next_epoch = self.next_epoch.max(claim.epoch.saturating_add(1));
             return effects;
         }
-        let before = self.health_all();
-        self.others
-            .insert(claim.slot().to_owned(), claim.node.clone());
-        self.health_diff(&before, &mut effects);
+        let slot = claim.slot();
+        let was_others = self
+            .others
+            .insert(slot.to_owned(), claim.node.clone())
+            .is_some();
+        if !was_others {
+            self.slot_health_flipped(slot, &mut effects);
+        }
         effects
     }
 
@@ -794,14 +798,13 @@ impl SlotLedger {
         if node == self.node || self.others.get(slot).is_none_or(|n| n != node) {
             return effects;
         }
-        let before = self.health_all();
         self.others.remove(slot);
         if self.claims.contains_key(slot) {
             // Ours was shadowed by the other node's claim: write it now.
             self.unsynced.insert(slot.to_owned());
             self.flush(&mut effects);
         }
-        self.health_diff(&before, &mut effects);
+        self.slot_health_flipped(slot, &mut effects);
         effects
     }
 
@@ -975,6 +978,22 @@ impl SlotLedger {
             .keys()
             .map(|name| (name.clone(), self.health(name)))
             .collect()
+    }
+
+    /// `slot` entered or left the other nodes' claims. Health is Unhealthy
+    /// iff the device is unavailable here or another node holds the slot, so
+    /// only the slot's own Instance can change, and only when its device is
+    /// available: the same answer as [`SlotLedger::health_diff`] over every
+    /// Instance, without rebuilding each Instance's health per cluster event.
+    fn slot_health_flipped(&self, slot: &str, effects: &mut Vec<Effect>) {
+        if let Some((info, n)) = self.slot_of(slot)
+            && info.available()
+            && info.slot(n) == slot
+        {
+            effects.push(Effect::HealthChanged {
+                instance: info.name.clone(),
+            });
+        }
     }
 
     pub(super) fn health_diff(
