@@ -267,6 +267,21 @@ async fn init_and_main_container_reuse_one_slot() {
     .await;
 }
 
+/// Sets the capacity of Configuration `cams` and waits until the node's
+/// kubelet sees the plugin advertise that many slots.
+async fn resize(s: &Single, capacity: u32) {
+    set_capacity(&s.server, "cams", capacity).await;
+    s.node
+        .kubelet
+        .wait_for_resource(
+            &s.res,
+            |st| st.connected && st.capacity() == capacity as usize,
+            WAIT,
+        )
+        .await
+        .unwrap();
+}
+
 /// An operator edits the Configuration's capacity: the Instance is resized
 /// in place (same object), the device plugin re-advertises the new number
 /// of slots, and a pod holding a slot keeps it even when the capacity
@@ -287,12 +302,7 @@ async fn capacity_edit_resizes_the_instance_and_its_plugin_and_keeps_held_slots(
     wait_released(&s.server, &s.slot(0)).await;
 
     // Grow: 2 → 3.
-    set_capacity(&s.server, "cams", 3).await;
-    s.node
-        .kubelet
-        .wait_for_resource(&s.res, |st| st.connected && st.capacity() == 3, WAIT)
-        .await
-        .unwrap();
+    resize(&s, 3).await;
     let inst = api.get(&s.instance).await.unwrap();
     assert_eq!(inst.spec.capacity, 3);
     assert_eq!(inst.metadata.uid, uid, "resized in place, not recreated");
@@ -303,12 +313,7 @@ async fn capacity_edit_resizes_the_instance_and_its_plugin_and_keeps_held_slots(
     wait_released(&s.server, &grown_slot).await;
 
     // Shrink below the held slot: 3 → 1. Slot 1 stays p1's.
-    set_capacity(&s.server, "cams", 1).await;
-    s.node
-        .kubelet
-        .wait_for_resource(&s.res, |st| st.connected && st.capacity() == 1, WAIT)
-        .await
-        .unwrap();
+    resize(&s, 1).await;
     assert_eq!(api.get(&s.instance).await.unwrap().spec.capacity, 1);
     assert_stays_bound(&s.server, &held, &p1.uid, Duration::from_millis(300)).await;
 

@@ -156,18 +156,19 @@ impl InstanceSpec {
     }
 }
 
-/// A new Instance owned by `config` (which must carry its uid).
+/// A new Instance owned by `config` (which must carry its uid), with
+/// `capacity` slots (the capacity the core planned it with).
 pub fn new_instance(
     config: &Configuration,
     name: &str,
     device: &Device,
     shared: bool,
     nodes: &BTreeSet<String>,
+    capacity: u32,
 ) -> Result<Instance, ConversionError> {
     let key = config_key(config)?;
     let owner = owner_reference(config)?;
-    let spec =
-        InstanceSpec::from_device(&key.name, name, device, shared, nodes, config.spec.capacity);
+    let spec = InstanceSpec::from_device(&key.name, name, device, shared, nodes, capacity);
     Ok(Instance {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -238,8 +239,17 @@ mod tests {
     #[test]
     fn instance_round_trips_to_the_core_view() {
         let nodes = BTreeSet::from(["b".to_string(), "a".to_string()]);
-        let inst =
-            new_instance(&configuration(), "cams-0123456789", &device(), true, &nodes).unwrap();
+        let config = configuration();
+        let capacity = config.spec.capacity;
+        let inst = new_instance(
+            &config,
+            "cams-0123456789",
+            &device(),
+            true,
+            &nodes,
+            capacity,
+        )
+        .unwrap();
         assert_eq!(inst.spec.nodes, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(inst.spec.capacity, 3);
         assert_eq!(inst.spec.cdi_name, "steward.dev/cams=cams-0123456789");

@@ -143,14 +143,14 @@ impl InstanceStore for KubeInstanceStore {
                 let owner = cx
                     .owner
                     .ok_or_else(|| conflict(name, "create without an owning Configuration"))?;
-                let mut inst = new_instance(
+                let inst = new_instance(
                     owner,
                     name,
                     device,
                     *shared,
                     &BTreeSet::from([node.clone()]),
+                    *capacity,
                 )?;
-                inst.spec.capacity = *capacity;
                 self.api(ns)
                     .create(&PostParams::default(), &inst)
                     .await
