@@ -1,0 +1,1 @@
+//! Node-local I/O shared by every steward component.
