@@ -15,6 +15,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::Millis;
 
+pub mod allocatable;
+pub mod assignment;
+pub mod view;
+#[cfg(test)]
+mod view_proptests;
+
+pub use allocatable::{Allocatable, AllocatableEvent, AllocatableView};
+pub use assignment::{
+    ClaimDevice, ContainerAssignments, DeviceAssignment, DynamicAssignment, MemoryAssignment,
+    PodAssignments, Source,
+};
+pub use view::{Action, NodeView, PodEvent};
+
 /// Identity of a pod. The UID is what tells two incarnations of one
 /// namespace/name (a recreated StatefulSet pod) apart.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
