@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use steward_proto::podresources::v1::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse,
+    ListAndWatchAllocatableResourcesRequest, ListAndWatchAllocatableResourcesResponse,
+    ListAndWatchPodResourcesRequest, ListAndWatchPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, NumaNode, PodResources, TopologyInfo,
     pod_resources_lister_server::PodResourcesLister,
 };
@@ -83,8 +85,34 @@ pub(crate) fn allocatable(state: &State) -> Vec<ContainerDevices> {
     out
 }
 
+type WatchStream<T> = futures::stream::Empty<Result<T, Status>>;
+
 #[tonic::async_trait]
 impl PodResourcesLister for PodResourcesService {
+    type ListAndWatchStream = WatchStream<ListAndWatchPodResourcesResponse>;
+    type ListAndWatchAllocatableResourcesStream =
+        WatchStream<ListAndWatchAllocatableResourcesResponse>;
+
+    /// kubelet never merged the watch: it answers Unimplemented, and so does
+    /// the stand-in, so clients are tested against what they will meet.
+    async fn list_and_watch(
+        &self,
+        _request: Request<ListAndWatchPodResourcesRequest>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        Err(Status::unimplemented(
+            "ListAndWatch is not served by kubelet",
+        ))
+    }
+
+    async fn list_and_watch_allocatable_resources(
+        &self,
+        _request: Request<ListAndWatchAllocatableResourcesRequest>,
+    ) -> Result<Response<Self::ListAndWatchAllocatableResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "ListAndWatchAllocatableResources is not served by kubelet",
+        ))
+    }
+
     async fn list(
         &self,
         _request: Request<ListPodResourcesRequest>,
