@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod cli;
 mod cri_proxy;
 mod metrics;
 
@@ -36,6 +37,12 @@ enum Command {
     Crds,
     /// Print the Instances kept by a standalone agent's embedded store.
     Instances(agent::InstancesArgs),
+    /// Show what steward manages, as tables (or -o json|yaml|wide).
+    #[command(subcommand)]
+    Get(cli::Get),
+    /// Follow changes of what steward manages, one line per event.
+    #[command(subcommand)]
+    Watch(cli::Watch),
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,6 +87,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
+        Command::Get(cmd) => runtime()?.block_on(cli::get(cmd)),
+        Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),
     }
 }
 
