@@ -10,7 +10,6 @@ use steward_proto::discovery::v0::register_discovery_handler_request::EndpointTy
 use steward_proto::discovery::v0::registration_client::RegistrationClient;
 use steward_proto::discovery::v0::registration_server::{self, RegistrationServer};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Code, Request, Response, Status};
 
 use crate::{DiscoveryError, Endpoint, HandlerKey, uds};
@@ -173,7 +172,7 @@ pub async fn serve(
     tracing::info!(socket = %socket.display(), "serving discovery handler registration");
     let result = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(RegistrationService { tx }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(listener, shutdown)
         .await;
     drop(guard);
     result.map_err(|e| {

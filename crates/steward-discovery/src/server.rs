@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use steward_nodeio::FileIdentity;
+use steward_nodeio::backoff::Backoff;
 use steward_proto::discovery::v0 as proto;
 use steward_proto::discovery::v0::discovery_handler_server::{self, DiscoveryHandlerServer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
@@ -28,15 +30,17 @@ pub const SOCKET_MODE: u32 = 0o600;
 pub const AGENT_SOCKET_POLL: Duration = Duration::from_millis(500);
 /// Longest pause between two failed registration attempts.
 pub const MAX_REGISTER_BACKOFF: Duration = Duration::from_secs(10);
+/// First pause after a failed registration attempt; doubled per failure.
+const FIRST_REGISTER_BACKOFF: Duration = Duration::from_millis(200);
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<proto::DiscoverResponse, Status>> + Send>>;
 
 /// The v0 `DiscoveryHandler` service backed by a [`DiscoveryHandler`]. Every
-/// response stream ends when `stop` turns true, so a graceful server
+/// response stream ends when `stop` is cancelled, so a graceful server
 /// shutdown does not wait for endless streams.
 struct Service {
     handler: Arc<dyn DiscoveryHandler>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 }
 
 /// How a handler error travels over the wire (the client maps it back).
@@ -66,7 +70,7 @@ impl discovery_handler_server::DiscoveryHandler for Service {
             }
         };
         tracing::info!(handler = %name, "Discover stream started");
-        let stop = wait_stop(self.stop.clone());
+        let stop = self.stop.clone().cancelled_owned();
         let out = devices.take_until(stop).scan(false, move |failed, item| {
             let next = if *failed {
                 None
@@ -88,15 +92,10 @@ impl discovery_handler_server::DiscoveryHandler for Service {
     }
 }
 
-async fn wait_stop(mut stop: watch::Receiver<bool>) {
-    // A dropped sender also means stop.
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 async fn serve_incoming<I, IO, IE>(
     handler: Arc<dyn DiscoveryHandler>,
     incoming: I,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<(), DiscoveryError>
 where
     I: Stream<Item = Result<IO, IE>>,
@@ -111,7 +110,7 @@ where
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(incoming, wait_stop(stop))
+        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await
         .map_err(|e| {
             DiscoveryError::Io(std::io::Error::other(format!(
@@ -122,10 +121,10 @@ where
 }
 
 /// Runs `fut` (a server) until it ends or `shutdown` completes; on shutdown
-/// flips `stop` and lets the server drain.
+/// cancels `stop` and lets the server drain.
 async fn until_shutdown<F>(
     server: F,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DiscoveryError>
 where
@@ -135,7 +134,7 @@ where
     tokio::select! {
         r = &mut server => r,
         () = shutdown => {
-            let _ = stop.send(true);
+            stop.cancel();
             server.await
         }
     }
@@ -148,10 +147,10 @@ pub async fn serve_uds(
     listen: PathBuf,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DiscoveryError> {
-    let (listener, guard) = uds::bind(&listen, SOCKET_MODE)?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let server = serve_incoming(handler, UnixListenerStream::new(listener), stop_rx);
-    let result = until_shutdown(server, stop_tx, shutdown).await;
+    let (incoming, guard) = uds::bind(&listen, SOCKET_MODE)?;
+    let stop = CancellationToken::new();
+    let server = serve_incoming(handler, incoming, stop.clone());
+    let result = until_shutdown(server, stop, shutdown).await;
     drop(guard);
     result
 }
@@ -163,9 +162,9 @@ pub async fn serve_tcp(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DiscoveryError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let server = serve_incoming(handler, TcpListenerStream::new(listener), stop_rx);
-    until_shutdown(server, stop_tx, shutdown).await
+    let stop = CancellationToken::new();
+    let server = serve_incoming(handler, TcpListenerStream::new(listener), stop.clone());
+    until_shutdown(server, stop, shutdown).await
 }
 
 /// DH side: serves DiscoveryHandler for `handler` on `listen` (a unix socket
@@ -192,18 +191,18 @@ pub async fn run_external(
             )));
         }
     };
-    let (listener, guard) = uds::bind(&listen, SOCKET_MODE)?;
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (incoming, guard) = uds::bind(&listen, SOCKET_MODE)?;
+    let stop = CancellationToken::new();
     tracing::info!(handler = handler.name(), socket = %listen.display(), agent = %agent_socket.display(), "serving external discovery handler");
     let registrar = tokio::spawn(keep_registered(
         handler.name().to_string(),
         handler.shared(),
         endpoint,
         agent_socket,
-        stop_rx.clone(),
+        stop.clone(),
     ));
-    let server = serve_incoming(handler, UnixListenerStream::new(listener), stop_rx);
-    let result = until_shutdown(server, stop_tx, shutdown).await;
+    let server = serve_incoming(handler, incoming, stop.clone());
+    let result = until_shutdown(server, stop, shutdown).await;
     registrar.abort();
     drop(guard);
     result
@@ -215,13 +214,13 @@ async fn keep_registered(
     shared: bool,
     endpoint: Endpoint,
     agent_socket: PathBuf,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
-    let mut registered: Option<uds::FileId> = None;
-    let mut backoff = Duration::from_millis(200);
+    let mut registered: Option<FileIdentity> = None;
+    let mut backoff = Backoff::doubling(FIRST_REGISTER_BACKOFF, MAX_REGISTER_BACKOFF);
     let mut failures = 0u32;
     loop {
-        let current = uds::file_id(&agent_socket);
+        let current = FileIdentity::of(&agent_socket);
         if current.is_none() {
             // The agent is gone; whatever appears next is a new agent.
             registered = None;
@@ -232,20 +231,19 @@ async fn keep_registered(
                 Ok(()) => {
                     tracing::info!(handler = %name, agent = %agent_socket.display(), "registered with the agent");
                     registered = current;
-                    backoff = Duration::from_millis(200);
+                    backoff.reset();
                     failures = 0;
                 }
                 Err(e) => {
                     failures += 1;
                     log_failure(&name, &agent_socket, &e, failures);
-                    pause = backoff;
-                    backoff = (backoff * 2).min(MAX_REGISTER_BACKOFF);
+                    pause = backoff.next_delay();
                 }
             }
         }
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            r = stop.wait_for(|s| *s) => { let _ = r; return; }
+            () = stop.cancelled() => return,
         }
     }
 }

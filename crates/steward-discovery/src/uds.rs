@@ -1,11 +1,9 @@
 //! Unix-socket and channel plumbing shared by the agent and DH sides.
 
-use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
+use steward_nodeio::{BindOptions, SocketGuard, UnixIncoming};
 use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use crate::{DiscoveryError, Endpoint};
@@ -89,112 +87,14 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Identity of a file, to notice that a socket was re-created. Inode
-/// numbers are reused at once on tmpfs, so the change time is part of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileId {
-    dev: u64,
-    ino: u64,
-    ctime: i64,
-    ctime_nsec: i64,
-}
-
-pub(crate) fn file_id(path: &Path) -> Option<FileId> {
-    std::fs::metadata(path).ok().map(|m| FileId {
-        dev: m.dev(),
-        ino: m.ino(),
-        ctime: m.ctime(),
-        ctime_nsec: m.ctime_nsec(),
-    })
-}
-
-/// A listening unix socket whose file is removed when dropped (if it is
-/// still the one we created).
-pub(crate) struct BoundSocket {
-    path: PathBuf,
-    id: Option<FileId>,
-}
-
-impl Drop for BoundSocket {
-    fn drop(&mut self) {
-        if self.id.is_some()
-            && file_id(&self.path) == self.id
-            && let Err(e) = std::fs::remove_file(&self.path)
-        {
-            tracing::debug!(path = %self.path.display(), error = %e, "cannot remove socket file");
-        }
-    }
-}
-
-/// Binds a unix socket at `path` with the given mode. A stale socket file
-/// (nobody accepts on it) is replaced; a live socket or any other kind of
-/// file is refused. The socket is bound under a
-/// temporary name, chmod-ed, then renamed into place, so it never appears at
-/// `path` with a wider mode.
-pub(crate) fn bind(path: &Path, mode: u32) -> Result<(UnixListener, BoundSocket), DiscoveryError> {
-    if !path.is_absolute() {
-        return Err(DiscoveryError::Io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("socket path {} is not absolute", path.display()),
-        )));
-    }
-    let dir = path.parent().ok_or_else(|| {
-        DiscoveryError::Io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("socket path {} has no parent directory", path.display()),
-        ))
-    })?;
-    let file_name = path.file_name().ok_or_else(|| {
-        DiscoveryError::Io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("socket path {} has no file name", path.display()),
-        ))
-    })?;
-    std::fs::create_dir_all(dir).map_err(|e| with_path(e, "create directory", dir))?;
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(DiscoveryError::Io(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is in use by a running server", path.display()),
-                )));
-            }
-            std::fs::remove_file(path).map_err(|e| with_path(e, "remove stale socket", path))?;
-        }
-        Ok(_) => {
-            return Err(DiscoveryError::Io(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            )));
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(with_path(e, "inspect", path)),
-    }
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    if std::fs::symlink_metadata(&tmp).is_ok() {
-        std::fs::remove_file(&tmp).map_err(|e| with_path(e, "remove", &tmp))?;
-    }
-    let listener = UnixListener::bind(&tmp).map_err(|e| with_path(e, "bind", &tmp))?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| with_path(e, "chmod", &tmp))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| with_path(e, "rename into", path)));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    let guard = BoundSocket {
-        path: path.to_path_buf(),
-        id: file_id(path),
-    };
-    Ok((listener, guard))
-}
-
-fn with_path(e: io::Error, what: &str, path: &Path) -> DiscoveryError {
-    DiscoveryError::Io(io::Error::new(
-        e.kind(),
-        format!("cannot {what} {}: {e}", path.display()),
-    ))
+/// Binds a unix socket at `path` with the given mode (see
+/// [`steward_nodeio::bind`]: bound under a temporary name, chmod-ed and renamed
+/// into place; a stale socket is replaced, a live one or another file
+/// refused) and serves it to any gRPC client, C-core ones included (see
+/// [`steward_nodeio::h2_authority`]). The guard removes the socket when
+/// dropped, if it is still ours.
+pub(crate) fn bind(path: &Path, mode: u32) -> Result<(UnixIncoming, SocketGuard), DiscoveryError> {
+    let (listener, guard) = steward_nodeio::bind(path, BindOptions::mode(mode))
+        .map_err(|e| DiscoveryError::Io(e.into()))?;
+    Ok((UnixIncoming::new(listener), guard))
 }
