@@ -1,10 +1,11 @@
-//! Serving the pod resources service on a unix socket the caller bound.
+//! Serving the pod resources service on a unix socket the caller bound
+//! (with `steward_nodeio::bind`), to grpc-go and gRPC C-core clients alike.
 
 use std::sync::Arc;
 
+use steward_nodeio::UnixIncoming;
 use steward_proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::Hub;
@@ -47,7 +48,7 @@ pub async fn serve(
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(UnixIncoming::new(listener), async move {
             cancel.cancelled().await;
             hub.close_watchers();
         })
