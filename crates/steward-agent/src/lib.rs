@@ -29,7 +29,9 @@ pub use state::NodeStore;
 pub use store::{InstanceStore, KubeInstanceStore, LocalInstanceStore, OpContext};
 
 use steward_core::discovery::registry::Registry;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use controller::{Controller, ControllerParts, Inputs};
 
@@ -52,10 +54,9 @@ pub async fn run(
     let state = NodeStore::open(&cfg.state_dir)?;
     let metrics = cfg.metrics.clone().unwrap_or_default();
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop = move |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = CancellationToken::new();
+    // Dropping this future (an aborted agent task) stops what it spawned.
+    let _cancel_on_drop = stop.clone().drop_guard();
     let (reg_tx, reg_rx) = mpsc::channel(64);
     let (cfg_tx, cfg_rx) = mpsc::channel(64);
     let (node_tx, node_rx) = mpsc::channel(64);
@@ -72,16 +73,14 @@ pub async fn run(
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
             if let Some(dp) = &cfg.device_plugins {
-                plugins = Some(deviceplugin::AbortOnDrop::new(tokio::spawn(
-                    device_plugins(
-                        &cfg,
-                        dp.clone(),
-                        client.clone(),
-                        state.clone(),
-                        metrics.device_plugins.clone(),
-                        stop(stop_rx.clone()),
-                    ),
-                )));
+                plugins = Some(AbortOnDropHandle::new(tokio::spawn(device_plugins(
+                    &cfg,
+                    dp.clone(),
+                    client.clone(),
+                    state.clone(),
+                    metrics.device_plugins.clone(),
+                    stop.clone().cancelled_owned(),
+                ))));
             }
             (
                 Some(status::StatusWriter::new(
@@ -107,7 +106,7 @@ pub async fn run(
     let server = tokio::spawn(steward_discovery::registration::serve(
         cfg.registration_socket.clone(),
         reg_tx,
-        stop(stop_rx.clone()),
+        stop.clone().cancelled_owned(),
     ));
 
     let registry = Registry::new(cfg.registry);
@@ -127,13 +126,13 @@ pub async fn run(
         }
     };
 
-    let _ = stop_tx.send(true);
+    stop.cancel();
     for task in background {
         task.abort();
     }
     if let Some(task) = plugins {
         // Bounded: the plugins stop their servers on the stop signal.
-        task.finish(std::time::Duration::from_secs(5)).await;
+        deviceplugin::finish_task(task, std::time::Duration::from_secs(5)).await;
     }
     if let Some(server) = server {
         match server.await {

@@ -130,6 +130,9 @@ async fn until_shutdown<F>(
 where
     F: Future<Output = Result<(), DiscoveryError>>,
 {
+    // Dropped unfinished, the streams (on connection tasks of their own)
+    // and the registrar end too.
+    let _cancel_on_drop = stop.clone().drop_guard();
     tokio::pin!(server);
     tokio::select! {
         r = &mut server => r,

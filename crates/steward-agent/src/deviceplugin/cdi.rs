@@ -4,7 +4,6 @@
 //! `steward.dev/<configuration>=<instance>`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -68,6 +67,8 @@ pub enum CdiError {
     },
     #[error("encoding CDI spec: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Write(#[from] steward_nodeio::NodeIoError),
 }
 
 /// The CDI kind of a Configuration: `steward.dev/<configuration>`.
@@ -129,8 +130,9 @@ pub fn spec(
     }
 }
 
-/// Writes (temp file, fsync, rename) or, with no instances, removes the
-/// spec file of `configuration`.
+/// Writes durably (temp file, fsync, rename, fsync of the directory: a
+/// runtime reading the directory sees the old spec or the new one, never a
+/// torn one) or, with no instances, removes the spec file of `configuration`.
 pub fn write(
     dir: &Path,
     configuration: &str,
@@ -150,11 +152,66 @@ pub fn write(
     }
     std::fs::create_dir_all(dir).map_err(io)?;
     let body = serde_json::to_vec_pretty(&spec(configuration, instances, broker))?;
-    let tmp = dir.join(format!(".{}-{configuration}.json.tmp", steward_api::GROUP));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&body).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    steward_nodeio::durable::write_file(&path, &body)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(name: &str) -> ServedInstance {
+        ServedInstance {
+            namespace: "default".into(),
+            name: name.into(),
+            configuration: "conf".into(),
+            resource_name: format!("steward.dev/{name}"),
+            capacity: 1,
+            shared: false,
+            usable: true,
+            properties: BTreeMap::new(),
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+            cdi_name: format!("steward.dev/conf={name}"),
+            numa: Vec::new(),
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_spec_is_replaced_whole_and_no_temporary_remains() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (instance("a"), instance("b"));
+        write(dir.path(), "conf", &[&a], &BTreeMap::new()).unwrap();
+        write(dir.path(), "conf", &[&a, &b], &BTreeMap::new()).unwrap();
+        let path = spec_path(dir.path(), "conf");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(names(dir.path()), vec!["steward.dev-conf.json".to_string()]);
+        write(dir.path(), "conf", &[], &BTreeMap::new()).unwrap();
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_and_the_old_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = instance("a");
+        // The spec path is taken by a non-empty directory: the rename fails.
+        let path = spec_path(dir.path(), "conf");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("old"), b"old").unwrap();
+        let err = write(dir.path(), "conf", &[&a], &BTreeMap::new()).unwrap_err();
+        assert!(matches!(err, CdiError::Write(_)), "{err}");
+        assert_eq!(names(dir.path()), vec!["steward.dev-conf.json".to_string()]);
+        assert_eq!(std::fs::read(path.join("old")).unwrap(), b"old");
+    }
 }

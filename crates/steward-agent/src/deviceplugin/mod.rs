@@ -53,8 +53,8 @@ pub use self::plugin::OPTIONS;
 pub use self::podresources::{KubeletError, PodResourcesClient};
 
 use self::core::Core;
-pub(crate) use self::plugin::AbortOnDrop;
 use self::plugin::PluginSite;
+pub(crate) use self::plugin::finish_task;
 use self::watch::CatalogEvent;
 use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory};
 
@@ -126,8 +126,8 @@ pub struct DevicePluginParts<L, C> {
 
 struct Running {
     inst: ServedInstance,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: AbortOnDrop<()>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio_util::task::AbortOnDropHandle<()>,
 }
 
 /// Serves the device plugins of `parts.node` until `shutdown` resolves.
@@ -317,19 +317,19 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
         inst: ServedInstance,
         devices: tokio::sync::watch::Receiver<Vec<steward_proto::deviceplugin::v1beta1::Device>>,
     ) -> Running {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(plugin::run(
             Arc::downgrade(&self.core),
             inst.name.clone(),
             inst.resource_name.clone(),
             self.site.clone(),
             devices,
-            stop_rx,
+            stop.clone(),
         ));
         Running {
             inst,
-            stop: stop_tx,
-            task: AbortOnDrop::new(task),
+            stop,
+            task: tokio_util::task::AbortOnDropHandle::new(task),
         }
     }
 
@@ -360,6 +360,6 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
 }
 
 async fn stop(r: Running) {
-    let _ = r.stop.send(true);
-    r.task.finish(Duration::from_secs(2)).await;
+    r.stop.cancel();
+    finish_task(r.task, Duration::from_secs(2)).await;
 }

@@ -3,13 +3,14 @@
 //! registers again when kubelet restarts (its socket directory is wiped:
 //! the plugin's socket disappears, `kubelet.sock` is re-created).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use steward_nodeio::backoff::Backoff;
+use steward_nodeio::{BindOptions, FileIdentity, SocketGuard, UnixIncoming};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -17,10 +18,10 @@ use steward_proto::deviceplugin::v1beta1::{
     device_plugin_server::{DevicePlugin, DevicePluginServer},
     registration_client::RegistrationClient,
 };
-use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
@@ -34,30 +35,18 @@ pub const OPTIONS: DevicePluginOptions = DevicePluginOptions {
     get_preferred_allocation_available: true,
 };
 
-/// Aborts the task when dropped, so a killed agent leaves no server behind.
-pub(crate) struct AbortOnDrop<T>(Option<JoinHandle<T>>);
+/// Mode of a plugin's socket: only kubelet (root) connects.
+const SOCKET_MODE: u32 = 0o600;
+/// Longest pause between two attempts to bind the plugin socket.
+const MAX_BIND_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest pause between two registration attempts.
+const MAX_REGISTER_BACKOFF: Duration = Duration::from_secs(2);
 
-impl<T> AbortOnDrop<T> {
-    pub(crate) fn new(handle: JoinHandle<T>) -> Self {
-        Self(Some(handle))
-    }
-
-    /// Waits up to `grace` for the task to end, then aborts it.
-    pub(crate) async fn finish(mut self, grace: Duration) {
-        if let Some(handle) = self.0.take() {
-            let abort = handle.abort_handle();
-            if tokio::time::timeout(grace, handle).await.is_err() {
-                abort.abort();
-            }
-        }
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        if let Some(handle) = &self.0 {
-            handle.abort();
-        }
+/// Waits up to `grace` for `task` to end, then aborts it (dropping the
+/// handle aborts; a killed agent leaves no server behind).
+pub(crate) async fn finish_task<T>(mut task: AbortOnDropHandle<T>, grace: Duration) {
+    if tokio::time::timeout(grace, &mut task).await.is_err() {
+        task.abort();
     }
 }
 
@@ -68,7 +57,7 @@ struct Service<L, C> {
     instance: String,
     devices: watch::Receiver<Vec<Device>>,
     /// Ends this generation's ListAndWatch streams.
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 }
 
 impl<L, C> Service<L, C> {
@@ -97,12 +86,9 @@ impl<L: ClaimStore, C: ClaimStore> DevicePlugin for Service<L, C> {
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         tracing::debug!(instance = %self.instance, "ListAndWatch opened");
-        let mut stop = self.stop.clone();
         let stream = WatchStream::new(self.devices.clone())
             .map(|devices| Ok(ListAndWatchResponse { devices }))
-            .take_until(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            });
+            .take_until(self.stop.clone().cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -145,13 +131,6 @@ impl PluginSite {
     }
 }
 
-/// Identity of a socket file (inode, change time); `None` when absent.
-fn identity(path: &Path) -> Option<(u64, i64, i64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
-}
-
 async fn register(site: &PluginSite, endpoint: &str, resource_name: &str) -> Result<(), String> {
     let channel = connect_unix(&site.kubelet_socket(), site.rpc_timeout)
         .await
@@ -176,7 +155,7 @@ enum End {
     Restart(&'static str),
 }
 
-/// Serves the plugin of `instance` until `stop` turns true; re-binds and
+/// Serves the plugin of `instance` until `stop` is cancelled; re-binds and
 /// re-registers whenever kubelet restarts.
 pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
     core: Weak<Core<L, C>>,
@@ -184,46 +163,44 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
     resource_name: String,
     site: PluginSite,
     devices: watch::Receiver<Vec<Device>>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let endpoint = super::names::socket_name(&instance);
     let socket = site.plugin_dir.join(&endpoint);
-    let mut backoff = site.poll;
+    let mut backoff = Backoff::doubling(site.poll, MAX_BIND_BACKOFF);
     loop {
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             break;
         }
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::warn!(path = %socket.display(), error = %e, "cannot remove stale plugin socket");
-            }
-            _ => {}
-        }
-        let listener = match UnixListener::bind(&socket) {
-            Ok(l) => l,
+        let (listener, mut guard) = match steward_nodeio::bind(
+            &socket,
+            BindOptions::mode(SOCKET_MODE),
+        ) {
+            Ok(bound) => bound,
             Err(e) => {
                 tracing::warn!(path = %socket.display(), error = %e, "cannot bind plugin socket; retrying");
-                if wait_or_stop(&mut stop, backoff).await {
+                if wait_or_stop(&stop, backoff.next_delay()).await {
                     break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        let (gen_tx, gen_rx) = watch::channel(false);
+        // Not a child of `stop`: on stop the socket goes first, the streams after.
+        let generation_stop = CancellationToken::new();
+        // Ends the streams also when this task is aborted (their connections
+        // are tasks of their own).
+        let _generation_on_drop = generation_stop.clone().drop_guard();
         let service = Service {
             core: core.clone(),
             instance: instance.clone(),
             devices: devices.clone(),
-            stop: gen_rx.clone(),
+            stop: generation_stop.clone(),
         };
-        let mut shutdown = gen_rx.clone();
-        let server = AbortOnDrop::new(tokio::spawn(async move {
+        let shutdown = generation_stop.clone().cancelled_owned();
+        let server = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = shutdown.wait_for(|s| *s).await;
-                })
+                .serve_with_incoming_shutdown(UnixIncoming::new(listener), shutdown)
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "device plugin server failed");
@@ -234,38 +211,37 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
             &instance,
             &endpoint,
             &resource_name,
-            &socket,
+            &guard,
             &core,
-            &mut stop,
+            &stop,
         )
         .await;
         if matches!(end, End::Stop) {
             // Socket first, then the streams: whoever sees ListAndWatch end
             // finds the plugin already gone from the directory.
-            let _ = std::fs::remove_file(&socket);
+            guard.remove();
         }
-        let _ = gen_tx.send(true);
-        server.finish(Duration::from_millis(500)).await;
+        generation_stop.cancel();
+        finish_task(server, Duration::from_millis(500)).await;
+        // Removes the socket if it is still ours (kubelet.sock re-created).
+        drop(guard);
         match end {
             End::Stop => break,
             End::Restart(why) => {
                 tracing::info!(%instance, reason = why, "re-registering device plugin");
-                backoff = site.poll;
+                backoff.reset();
             }
         }
     }
-    let _ = std::fs::remove_file(&socket);
     tracing::info!(%instance, "device plugin stopped");
 }
 
 /// Returns true when stopped during the wait.
-async fn wait_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
-    let stopped = tokio::select! {
-        // An error means the sender is gone: stop as well.
-        _ = stop.wait_for(|s| *s) => true,
-        () = tokio::time::sleep(d) => false,
-    };
-    stopped || *stop.borrow()
+async fn wait_or_stop(stop: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        () = stop.cancelled() => true,
+        () = tokio::time::sleep(d) => stop.is_cancelled(),
+    }
 }
 
 /// One registration: register (retrying) then watch for kubelet restarts.
@@ -274,13 +250,13 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
     instance: &str,
     endpoint: &str,
     resource_name: &str,
-    socket: &Path,
+    socket: &SocketGuard,
     core: &Weak<Core<L, C>>,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> End {
-    let mut backoff = site.poll;
+    let mut backoff = Backoff::doubling(site.poll, MAX_REGISTER_BACKOFF);
     let kubelet_id = loop {
-        let before = identity(&site.kubelet_socket());
+        let before = FileIdentity::of(&site.kubelet_socket());
         match register(site, endpoint, resource_name).await {
             Ok(()) => {
                 tracing::info!(%instance, resource = %resource_name, "device plugin registered with kubelet");
@@ -291,11 +267,10 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
             }
             Err(e) => {
                 tracing::warn!(%instance, resource = %resource_name, error = %e, "registration with kubelet failed; retrying");
-                if wait_or_stop(stop, backoff).await {
+                if wait_or_stop(stop, backoff.next_delay()).await {
                     return End::Stop;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                if identity(socket).is_none() {
+                if !socket.is_in_place() {
                     return End::Restart("plugin socket removed before registration");
                 }
             }
@@ -305,10 +280,10 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
         if wait_or_stop(stop, site.poll).await {
             return End::Stop;
         }
-        if identity(socket).is_none() {
+        if !socket.is_in_place() {
             return End::Restart("plugin socket removed (kubelet restarted)");
         }
-        let now = identity(&site.kubelet_socket());
+        let now = FileIdentity::of(&site.kubelet_socket());
         if now.is_some() && now != kubelet_id {
             return End::Restart("kubelet.sock re-created (kubelet restarted)");
         }
