@@ -5,7 +5,6 @@
 //! and then re-synced against `ListPodSandbox`/`ListContainers`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -436,21 +435,7 @@ impl Cache {
         };
         let bytes =
             serde_json::to_vec_pretty(&self.data).map_err(|e| err(format!("encoding: {e}")))?;
-        let tmp = self.path.with_extension("json.tmp");
-        {
-            let mut f =
-                std::fs::File::create(&tmp).map_err(|e| err(format!("creating temp: {e}")))?;
-            f.write_all(&bytes)
-                .map_err(|e| err(format!("writing temp: {e}")))?;
-            f.sync_all().map_err(|e| err(format!("fsync temp: {e}")))?;
-        }
-        std::fs::rename(&tmp, &self.path).map_err(|e| err(format!("renaming: {e}")))?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| err(format!("fsync directory: {e}")))?;
-        }
-        Ok(())
+        steward_nodeio::durable::write_file(&self.path, &bytes).map_err(|e| err(e.to_string()))
     }
 
     /// Next creation sequence number.

@@ -11,9 +11,10 @@ use std::time::Instant;
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use steward_nodeio::{BindOptions, SocketGuard, UnixIncoming};
 use steward_proto::cri::runtime::v1 as cri;
-use tokio::net::UnixListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tracing::{debug, info, warn};
 
@@ -186,42 +187,63 @@ impl Router {
     }
 }
 
-/// Bind the proxy socket, replacing a stale socket file left by a previous
-/// run (but never a live one or a non-socket).
-pub(crate) async fn bind(path: &Path) -> Result<UnixListener, ResmgrError> {
-    use std::os::unix::fs::FileTypeExt;
-    let listen_err = |source| ResmgrError::Listen {
-        path: path.to_path_buf(),
-        source,
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(listen_err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists and is not a socket",
-            )));
-        }
-        if tokio::net::UnixStream::connect(path).await.is_ok() {
-            return Err(listen_err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another process is serving this socket",
-            )));
-        }
-        std::fs::remove_file(path).map_err(listen_err)?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(listen_err)?;
-    }
-    UnixListener::bind(path).map_err(listen_err)
+/// Mode of the proxy socket: the runtime's own socket's (owner and group).
+pub(crate) const SOCKET_MODE: u32 = 0o660;
+
+/// The bound proxy socket: its connections (each served to any gRPC client,
+/// C-core ones included) and the guard that removes the socket file when
+/// serving ends, if it is still ours.
+#[derive(Debug)]
+pub(crate) struct ProxyListener {
+    incoming: UnixIncoming,
+    guard: SocketGuard,
 }
 
-/// Accept connections until `stop` flips, then drain them.
-pub(crate) async fn serve(listener: UnixListener, router: Router, mut stop: watch::Receiver<bool>) {
+/// Bind the proxy socket, replacing a stale socket file left by a previous
+/// run (but never a live one or a non-socket).
+pub(crate) async fn bind(path: &Path) -> Result<ProxyListener, ResmgrError> {
+    let (listener, guard) =
+        steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE)).map_err(|e| {
+            ResmgrError::Listen {
+                path: path.to_path_buf(),
+                source: e.into(),
+            }
+        })?;
+    Ok(ProxyListener {
+        incoming: UnixIncoming::new(listener),
+        guard,
+    })
+}
+
+/// What tells [`serve`] to stop: a `watch` flag turning true (or its sender
+/// gone), or a cancelled token.
+pub(crate) trait StopSignal: Send + 'static {
+    /// Resolves when serving must stop.
+    fn stopped(self) -> impl Future<Output = ()> + Send;
+}
+
+impl StopSignal for watch::Receiver<bool> {
+    async fn stopped(mut self) {
+        let _ = self.wait_for(|s| *s).await;
+    }
+}
+
+impl StopSignal for CancellationToken {
+    async fn stopped(self) {
+        self.cancelled_owned().await;
+    }
+}
+
+/// Accept connections until `stop`, then drain them.
+pub(crate) async fn serve(listener: ProxyListener, router: Router, stop: impl StopSignal) {
+    let ProxyListener { incoming, guard } = listener;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let stopped = stop.stopped();
+    tokio::pin!(stopped);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+            accepted = incoming.accept() => match accepted {
+                Ok(stream) => {
                     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), router.clone());
                     let conn = graceful.watch(conn);
@@ -236,10 +258,11 @@ pub(crate) async fn serve(listener: UnixListener, router: Router, mut stop: watc
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             },
-            _ = stop.changed() => break,
+            () = &mut stopped => break,
         }
     }
-    drop(listener);
+    drop(incoming);
+    drop(guard);
     info!("CRI proxy draining connections");
     tokio::select! {
         () = graceful.shutdown() => {}
