@@ -249,6 +249,12 @@ async fn watch_allocatable_once(
     Ok(())
 }
 
+/// Reconnect delays: 100 ms doubling to 5 s, from the first after a
+/// stream that ended cleanly.
+fn reconnect_backoff() -> steward_nodeio::backoff::Backoff {
+    steward_nodeio::backoff::Backoff::doubling(Duration::from_millis(100), Duration::from_secs(5))
+}
+
 /// Follows another steward process's pod resources watch (both streams)
 /// and feeds the hub as `source`, reconnecting with a capped backoff, until
 /// `cancel`.
@@ -262,19 +268,22 @@ pub async fn follow_watch(
         let (hub, socket, cancel) = (hub.clone(), socket.clone(), cancel.clone());
         async move {
             let mut outage = Outage::new(&socket);
-            let mut delay = Duration::from_millis(100);
+            let mut backoff = reconnect_backoff();
             loop {
                 let result = tokio::select! {
                     () = cancel.cancelled() => return,
                     r = watch_pods_once(&hub, source, &socket, &mut outage) => r,
                 };
-                match result {
-                    Ok(()) => delay = Duration::from_millis(100),
+                let delay = match result {
+                    Ok(()) => {
+                        backoff.reset();
+                        backoff.next_delay()
+                    }
                     Err(err) => {
                         outage.failed(&err);
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        backoff.next_delay()
                     }
-                }
+                };
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -283,19 +292,22 @@ pub async fn follow_watch(
         }
     };
     let allocatable = async move {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = reconnect_backoff();
         loop {
             let result = tokio::select! {
                 () = cancel.cancelled() => return,
                 r = watch_allocatable_once(&hub, source, &socket) => r,
             };
-            match result {
-                Ok(()) => delay = Duration::from_millis(100),
+            let delay = match result {
+                Ok(()) => {
+                    backoff.reset();
+                    backoff.next_delay()
+                }
                 Err(err) => {
                     tracing::debug!(%err, "allocatable watch ended");
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    backoff.next_delay()
                 }
-            }
+            };
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
