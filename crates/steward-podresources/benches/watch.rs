@@ -91,8 +91,12 @@ async fn child(socket: PathBuf) {
                 "ok".to_string()
             }
             (Some("change"), Some(i)) => {
+                // A shared CPU unique to this pod: no eviction of another
+                // pod's record, so every event is this change's own.
                 let mut p = pod(i, 1);
-                p.container_mut("c0").cpus = CpuSet::from_iter([(now_micros() % 16_000) as u32]);
+                let c = p.container_mut("c0");
+                c.cpus = CpuSet::from_iter([(i % 16_000) as u32]);
+                c.exclusive_cpus = false;
                 p.pod.namespace = format!("t{}", now_micros());
                 hub.upsert(Source::Cri, p);
                 "ok".to_string()
