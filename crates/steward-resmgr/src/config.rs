@@ -163,17 +163,37 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    /// Parse YAML (JSON is YAML) and check it.
+    /// Parse YAML (JSON is YAML) and check it. An empty document is
+    /// refused: it is what a reader sees while an editor rewrites the file,
+    /// and taking it for "all defaults" would drop the running settings (a
+    /// configuration of all defaults is written `{}`).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ResmgrError> {
+        if text.trim().is_empty() {
+            return Err(ResmgrError::Config {
+                path: path.to_path_buf(),
+                reason: "the document is empty (write `{}` for all defaults)".into(),
+            });
+        }
+        Self::parse_document(text, path)
+    }
+
+    /// Like [`FileConfig::parse`], but an empty document means the defaults:
+    /// for the file read at start, when there is no running configuration an
+    /// empty read could replace.
+    pub fn parse_initial(text: &str, path: &Path) -> Result<Self, ResmgrError> {
+        if text.trim().is_empty() {
+            info!(path = %path.display(), "configuration file is empty; starting with the defaults");
+            return Ok(FileConfig::default());
+        }
+        Self::parse_document(text, path)
+    }
+
+    fn parse_document(text: &str, path: &Path) -> Result<Self, ResmgrError> {
         let err = |reason: String| ResmgrError::Config {
             path: path.to_path_buf(),
             reason,
         };
-        let cfg: FileConfig = if text.trim().is_empty() {
-            FileConfig::default()
-        } else {
-            serde_yaml::from_str(text).map_err(|e| err(e.to_string()))?
-        };
+        let cfg: FileConfig = serde_yaml::from_str(text).map_err(|e| err(e.to_string()))?;
         for (name, class) in &cfg.blockio.classes {
             class.validate(name).map_err(err)?;
         }
@@ -204,7 +224,7 @@ impl FileConfig {
         Ok(cfg)
     }
 
-    /// Read and parse a file.
+    /// Read and parse a file (refusing an empty one).
     pub fn load(path: &Path) -> Result<Self, ResmgrError> {
         let text = std::fs::read_to_string(path).map_err(|e| ResmgrError::Config {
             path: path.to_path_buf(),
@@ -214,34 +234,118 @@ impl FileConfig {
     }
 }
 
-/// Watch `path` and send each changed, valid configuration. Invalid files
-/// are logged and skipped (the running configuration stays).
+/// How long a read must stay unchanged before it is believed: twice the
+/// same text, length and modification time this far apart.
+fn settle_time(poll: Duration) -> Duration {
+    poll.clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+/// Reads before a file that keeps changing is left for the next poll.
+const SETTLE_ROUNDS: usize = 20;
+
+#[derive(PartialEq, Eq)]
+struct Snapshot {
+    text: String,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+async fn snapshot(path: &Path) -> std::io::Result<Snapshot> {
+    let before = tokio::fs::metadata(path).await?;
+    let text = tokio::fs::read_to_string(path).await?;
+    Ok(Snapshot {
+        text,
+        len: before.len(),
+        modified: before.modified().ok(),
+    })
+}
+
+/// The file's text once it has stopped changing: two reads `settle` apart
+/// that agree on text, length and modification time. `Ok(None)` when it
+/// was still changing after [`SETTLE_ROUNDS`] reads (an editor mid-write).
+pub(crate) async fn read_settled(path: &Path, settle: Duration) -> std::io::Result<Option<String>> {
+    let mut prev = snapshot(path).await?;
+    for _ in 0..SETTLE_ROUNDS {
+        tokio::time::sleep(settle).await;
+        let next = snapshot(path).await?;
+        if next == prev {
+            return Ok(Some(next.text));
+        }
+        prev = next;
+    }
+    Ok(None)
+}
+
+/// The file at start: read until it settles, an empty file means the
+/// defaults. Returns the configuration and the text it came from.
+pub(crate) async fn load_initial(
+    path: &Path,
+    poll: Duration,
+) -> Result<(FileConfig, String), ResmgrError> {
+    let io_err = |e: std::io::Error| ResmgrError::Config {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let text = match read_settled(path, settle_time(poll))
+        .await
+        .map_err(io_err)?
+    {
+        Some(t) => t,
+        None => {
+            return Err(ResmgrError::Config {
+                path: path.to_path_buf(),
+                reason: "the file kept changing while it was read".into(),
+            });
+        }
+    };
+    Ok((FileConfig::parse_initial(&text, path)?, text))
+}
+
+/// Watch `path` and send each changed, valid configuration. A changed file
+/// is only read once it has settled (see [`read_settled`]); an empty,
+/// unparsable or invalid document never replaces the running configuration:
+/// it is logged once, counted as `config-rejected`, and the file is read
+/// again on its next change. `applied` is the text of the configuration in
+/// force (the file read at start); a refused text followed by the applied
+/// one again (an editor that truncated, then rewrote the same document)
+/// sends nothing.
 pub(crate) async fn watch(
     path: PathBuf,
-    mut last: Option<String>,
+    mut applied: Option<String>,
     every: Duration,
     tx: mpsc::Sender<FileConfig>,
     metrics: Metrics,
 ) {
+    let settle = settle_time(every);
+    let mut refused: Option<String> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let text = match tokio::fs::read_to_string(&path).await {
-            Ok(t) => t,
+        let text = match read_settled(&path, settle).await {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                debug!(path = %path.display(), "configuration file still changing; reading it again later");
+                continue;
+            }
             Err(e) => {
                 debug!(path = %path.display(), error = %e, "configuration file unreadable");
                 continue;
             }
         };
-        if last.as_deref() == Some(text.as_str()) {
+        if applied.as_deref() == Some(text.as_str()) {
+            refused = None;
             continue;
         }
-        last = Some(text.clone());
+        if refused.as_deref() == Some(text.as_str()) {
+            continue;
+        }
         match FileConfig::parse(&text, &path) {
             Ok(cfg) => {
                 info!(path = %path.display(), "configuration changed");
                 metrics.event("config-reload");
+                applied = Some(text);
+                refused = None;
                 if tx.send(cfg).await.is_err() {
                     return;
                 }
@@ -249,6 +353,7 @@ pub(crate) async fn watch(
             Err(e) => {
                 metrics.event("config-rejected");
                 warn!(error = %e, "ignoring invalid configuration; keeping the running one");
+                refused = Some(text);
             }
         }
     }
@@ -288,7 +393,11 @@ rdt:
         );
         assert_eq!(cfg.rdt.classes["gold"].schemata, vec!["L3:0=ff".to_owned()]);
         assert_eq!(
-            FileConfig::parse("", Path::new("e")).unwrap(),
+            FileConfig::parse("{}", Path::new("e")).unwrap(),
+            FileConfig::default()
+        );
+        assert_eq!(
+            FileConfig::parse_initial(" \n", Path::new("e")).unwrap(),
             FileConfig::default()
         );
     }
@@ -305,12 +414,122 @@ rdt:
             ("blockio: { classes: { x: { weight: 5000 } } }", "weight"),
             ("rdt: { classes: { info: {} } }", "resctrl"),
             ("cri: { exclusive_oom_score_adj: 9999 }", "oom"),
+            ("", "empty"),
+            ("  \n\n", "empty"),
         ] {
             let e = FileConfig::parse(text, Path::new("c.yaml"))
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(needle), "{text}: {e}");
         }
+    }
+
+    fn watcher(
+        path: &Path,
+        applied: &str,
+        every: Duration,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        mpsc::Receiver<FileConfig>,
+        Metrics,
+    ) {
+        let (tx, rx) = mpsc::channel(16);
+        let metrics = Metrics::default();
+        let task = tokio::spawn(watch(
+            path.to_path_buf(),
+            Some(applied.into()),
+            every,
+            tx,
+            metrics.clone(),
+        ));
+        (task, rx, metrics)
+    }
+
+    const RESERVED: &str = "policy:\n  active: static\n  config:\n    reserved_cpus: \"0\"\n";
+    /// The first half of [`RESERVED`]: valid on its own, without the
+    /// reservation.
+    const TORN: &str = "policy:\n  active: static\n";
+
+    #[tokio::test]
+    async fn an_empty_or_broken_read_never_replaces_the_running_configuration() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("c.yaml");
+        std::fs::write(&path, RESERVED).unwrap();
+        let (task, mut rx, metrics) = watcher(&path, RESERVED, Duration::from_millis(20));
+        // Truncated (an editor between truncate and write), then half a line.
+        std::fs::write(&path, "").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&path, "policy: { active: static, config: { reserved_c").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "an empty or torn file must not be sent"
+        );
+        // Each refused text is counted (and logged) once, not on every poll.
+        assert_eq!(metrics.event_count("config-rejected"), 2);
+        // The same complete text again: nothing changed, nothing is sent.
+        std::fs::write(&path, RESERVED).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got = rx.try_recv();
+        assert!(
+            got.is_err(),
+            "an unchanged configuration is not re-sent: {got:?}"
+        );
+        // A complete new document is applied.
+        std::fs::write(
+            &path,
+            "policy: { active: static, config: { reserved_cpus: \"1\" } }",
+        )
+        .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.policy.config.reserved_cpus.to_string(), "1");
+        assert_eq!(metrics.event_count("config-reload"), 1);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_file_read_mid_write_is_only_taken_once_it_settles() {
+        use std::io::Write as _;
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("c.yaml");
+        std::fs::write(&path, "{}").unwrap();
+        // Polled far more often than the writer pauses, so unsettled reads
+        // of the truncated and the half-written file certainly happen.
+        let (task, mut rx, metrics) = watcher(&path, "{}", Duration::from_millis(5));
+        for round in 0..5 {
+            let doc = if round % 2 == 0 {
+                RESERVED.to_owned()
+            } else {
+                format!("{RESERVED}# {round}\n")
+            };
+            let mut f = std::fs::File::create(&path).unwrap(); // truncates
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            f.write_all(TORN.as_bytes()).unwrap();
+            f.flush().unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            f.write_all(&doc.as_bytes()[TORN.len()..]).unwrap();
+            drop(f);
+            let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                got.policy.config.reserved_cpus.to_string(),
+                "0",
+                "round {round}: a half-written file was taken"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                rx.try_recv().is_err(),
+                "round {round}: one write, one configuration"
+            );
+        }
+        assert_eq!(metrics.event_count("config-reload"), 5);
+        assert_eq!(metrics.event_count("config-rejected"), 0);
+        task.abort();
     }
 
     #[tokio::test]

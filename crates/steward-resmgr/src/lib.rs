@@ -97,11 +97,8 @@ impl Proxy {
             .map_err(|e| ResmgrError::Topology(e.to_string()))?;
         let (file_cfg, file_text) = match &cfg.config_file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| ResmgrError::Config {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-                (FileConfig::parse(&text, path)?, Some(text))
+                let (parsed, text) = config::load_initial(path, cfg.config_poll).await?;
+                (parsed, Some(text))
             }
             None => (FileConfig::default(), None),
         };
