@@ -1,0 +1,550 @@
+//! The request pipeline: intercepted CRI calls that change allocations.
+//! `CreateContainer` and `UpdateContainerResources` decide under the lock
+//! and relay the edited request; the calls that only end something
+//! (`StopContainer`, `RemovePodSandbox`, ...) are relayed first and then act
+//! under the lock ([`ResourceManager::relay_then`]), so a long stop does not
+//! block allocations. Intercepted handlers run to completion even if the
+//! kubelet hangs up.
+
+use std::future::Future;
+use std::time::Duration;
+
+use steward_core::cpu::{ContainerKey, ContainerRequest, Decision};
+use steward_proto::cri::runtime::v1 as cri;
+use tracing::{debug, error, warn};
+
+use super::{
+    ControlReport, Event, ResourceManager, State, cgroups_path_from_info, pod_facts, policy_err,
+};
+use crate::cache::{
+    AssignmentRecord, ContainerRecord, ContainerState, PodRecord, PodState, RequestRecord,
+    ResourcesRecord,
+};
+use crate::cgroups::normalize_cgroups_path;
+use crate::control::cri::{edit_create, resources_for};
+use crate::control::rdt::RdtOutcome;
+use crate::error::ResmgrError;
+use crate::requests::{classes_for, derive_request, validate_annotations, validate_resources};
+
+/// Deadline for intercepted calls forwarded on the kubelet's behalf (the
+/// kubelet's own default request timeout is 2 minutes).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(240);
+
+impl ResourceManager {
+    /// Relay a call that ends something to the runtime, then act on what
+    /// it ended under the pipeline lock and persist the cache. Nothing is
+    /// changed when the runtime refuses the call.
+    async fn relay_then<T>(
+        &self,
+        call: &'static str,
+        limit: Duration,
+        relayed: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        act: impl AsyncFnOnce(&mut State, &T),
+    ) -> Result<T, ResmgrError> {
+        let resp = self.call(call, limit, relayed).await?;
+        let mut st = self.state.lock().await;
+        act(&mut st, &resp).await;
+        self.save(&st);
+        Ok(resp)
+    }
+
+    /// `RunPodSandbox`: relay, then record the pod.
+    pub async fn run_pod_sandbox(
+        &self,
+        req: cri::RunPodSandboxRequest,
+    ) -> Result<cri::RunPodSandboxResponse, ResmgrError> {
+        let config = req
+            .config
+            .clone()
+            .ok_or_else(|| ResmgrError::InvalidRequest("RunPodSandbox without a config".into()))?;
+        validate_annotations(&config.annotations)?;
+        self.relay_then(
+            "RunPodSandbox",
+            FORWARD_TIMEOUT,
+            self.upstream.runtime().run_pod_sandbox(req),
+            async |st, resp| {
+                let pod = PodRecord::from_config(&resp.pod_sandbox_id, &config);
+                st.cache.data_mut().pods.insert(pod.id.clone(), pod);
+            },
+        )
+        .await
+    }
+
+    /// `StopPodSandbox`: relay, then release the pod's containers.
+    pub async fn stop_pod_sandbox(
+        &self,
+        req: cri::StopPodSandboxRequest,
+    ) -> Result<cri::StopPodSandboxResponse, ResmgrError> {
+        let id = req.pod_sandbox_id.clone();
+        self.relay_then(
+            "StopPodSandbox",
+            FORWARD_TIMEOUT,
+            self.upstream.runtime().stop_pod_sandbox(req),
+            async |st, _| {
+                for cid in containers_of_pod(st, &id) {
+                    self.release_container(st, &cid).await;
+                    if let Some(c) = st.cache.data_mut().containers.get_mut(&cid) {
+                        c.state = ContainerState::Exited;
+                    }
+                }
+                if let Some(p) = st.cache.data_mut().pods.get_mut(&id) {
+                    p.state = PodState::NotReady;
+                }
+            },
+        )
+        .await
+    }
+
+    /// `RemovePodSandbox`: relay, then forget the pod and its containers.
+    pub async fn remove_pod_sandbox(
+        &self,
+        req: cri::RemovePodSandboxRequest,
+    ) -> Result<cri::RemovePodSandboxResponse, ResmgrError> {
+        let id = req.pod_sandbox_id.clone();
+        self.relay_then(
+            "RemovePodSandbox",
+            FORWARD_TIMEOUT,
+            self.upstream.runtime().remove_pod_sandbox(req),
+            async |st, _| {
+                for cid in containers_of_pod(st, &id) {
+                    self.release_container(st, &cid).await;
+                    st.cache.data_mut().containers.remove(&cid);
+                }
+                st.cache.data_mut().pods.remove(&id);
+            },
+        )
+        .await
+    }
+
+    /// `CreateContainer`: allocate, edit the request, relay, then push the
+    /// decision to the other containers it changed. On any failure the
+    /// allocation is rolled back and the runtime has not been told anything.
+    pub async fn create_container(
+        &self,
+        req: cri::CreateContainerRequest,
+    ) -> Result<cri::CreateContainerResponse, ResmgrError> {
+        let config = req.config.as_ref().ok_or_else(|| {
+            ResmgrError::InvalidRequest("CreateContainer without a config".into())
+        })?;
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                ResmgrError::InvalidRequest("CreateContainer without a container name".into())
+            })?;
+        let kubelet = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.clone())
+            .unwrap_or_default();
+        validate_resources(&kubelet)?;
+        if let Some(sc) = &req.sandbox_config {
+            validate_annotations(&sc.annotations)?;
+        }
+
+        let mut st = self.state.lock().await;
+        let pod = match &req.sandbox_config {
+            Some(sc) => PodRecord::from_config(&req.pod_sandbox_id, sc),
+            None => st
+                .cache
+                .data()
+                .pods
+                .get(&req.pod_sandbox_id)
+                .cloned()
+                .ok_or_else(|| ResmgrError::NotFound {
+                    kind: "pod sandbox",
+                    id: req.pod_sandbox_id.clone(),
+                })?,
+        };
+        let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
+        let classes = classes_for(&pod.annotations, &name);
+        if let Some(c) = &classes.blockio
+            && !st.blockio.knows(c)
+        {
+            return Err(ResmgrError::Annotation {
+                key: crate::requests::BLOCKIO_POD.into(),
+                reason: format!("block I/O class {c:?} is not configured"),
+            });
+        }
+        if let Some(c) = &classes.rdt
+            && !st.rdt.knows(c)
+        {
+            return Err(ResmgrError::Annotation {
+                key: crate::requests::RDT_POD.into(),
+                reason: format!("RDT class {c:?} is not configured"),
+            });
+        }
+
+        let key = request.key.clone();
+        let prior = st.policy.assignments().get(&key).is_some();
+        let prior_request = if prior {
+            st.cache
+                .ids_for_key(&key)
+                .into_iter()
+                .filter_map(|id| st.cache.data().containers.get(&id))
+                .find(|c| c.assignment.is_some())
+                .and_then(|c| {
+                    st.cache
+                        .data()
+                        .pods
+                        .get(&c.pod_id)
+                        .map(|p| c.request.to_request(p, &c.name))
+                })
+        } else {
+            None
+        };
+        let decision = st.policy.allocate(&request).map_err(policy_err)?;
+        let Some(own) = st.policy.assignments().get(&key).cloned() else {
+            self.rollback(&mut st, &key, prior_request.as_ref()).await;
+            return Err(ResmgrError::Policy(format!(
+                "policy gave {key} no assignment"
+            )));
+        };
+        let resources = resources_for(&kubelet, &own, &st.config.cri);
+        let mut forwarded = req.clone();
+        edit_create(&mut forwarded, resources.clone());
+        debug!(%key, cpus = %own.cpus, mems = %own.mems, pool = %own.pool, "creating container");
+
+        let created = self
+            .call(
+                "CreateContainer",
+                FORWARD_TIMEOUT,
+                self.upstream.runtime().create_container(forwarded),
+            )
+            .await;
+        let resp = match created {
+            Ok(r) => r,
+            Err(e) => {
+                self.rollback(&mut st, &key, prior_request.as_ref()).await;
+                return Err(e);
+            }
+        };
+        let id = resp.container_id.clone();
+        // An earlier attempt of the same container hands the key over.
+        for old in st.cache.ids_for_key(&key) {
+            if let Some(c) = st.cache.data_mut().containers.get_mut(&old) {
+                c.assignment = None;
+            }
+        }
+        let seq = st.cache.next_seq();
+        st.cache
+            .data_mut()
+            .pods
+            .entry(pod.id.clone())
+            .or_insert_with(|| pod.clone());
+        st.cache.data_mut().containers.insert(
+            id.clone(),
+            ContainerRecord {
+                id: id.clone(),
+                pod_id: pod.id.clone(),
+                name,
+                request: RequestRecord::from_request(&request),
+                assignment: Some(AssignmentRecord::from_assignment(&own)),
+                kubelet_resources: ResourcesRecord::from_cri(&kubelet),
+                resources: ResourcesRecord::from_cri(&resources),
+                state: ContainerState::Created,
+                cgroups_path: None,
+                blockio_class: classes.blockio,
+                rdt_class: classes.rdt,
+                seq,
+            },
+        );
+        self.apply_decision(&mut st, &decision, Some(&id)).await;
+        self.save(&st);
+        Ok(resp)
+    }
+
+    async fn rollback(&self, st: &mut State, key: &ContainerKey, prior: Option<&ContainerRequest>) {
+        let d = match prior {
+            Some(r) => match st.policy.allocate(r) {
+                Ok(d) => d,
+                Err(e) => {
+                    error!(%key, error = %e, "restoring the previous allocation failed");
+                    st.policy.release(key)
+                }
+            },
+            None => st.policy.release(key),
+        };
+        // Others go back to what the cache (and so the runtime) has; only
+        // real differences are sent.
+        self.apply_decision(st, &d, None).await;
+    }
+
+    /// `StartContainer`: relay, then apply the out-of-band controllers and
+    /// read back what the container got.
+    pub async fn start_container(
+        &self,
+        req: cri::StartContainerRequest,
+    ) -> Result<cri::StartContainerResponse, ResmgrError> {
+        let id = req.container_id.clone();
+        let resp = self
+            .call(
+                "StartContainer",
+                FORWARD_TIMEOUT,
+                self.upstream.runtime().start_container(req),
+            )
+            .await?;
+        let spec_path = self
+            .call(
+                "ContainerStatus",
+                self.upstream.timeout(),
+                self.upstream
+                    .runtime()
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: id.clone(),
+                        verbose: true,
+                    }),
+            )
+            .await
+            .ok()
+            .and_then(|s| cgroups_path_from_info(&s.info));
+        let mut st = self.state.lock().await;
+        let Some(pod_id) = st
+            .cache
+            .data()
+            .containers
+            .get(&id)
+            .map(|c| c.pod_id.clone())
+        else {
+            warn!(container_id = %id, "started a container the cache does not know");
+            return Ok(resp);
+        };
+        let parent = st
+            .cache
+            .data()
+            .pods
+            .get(&pod_id)
+            .map(|p| p.cgroup_parent.clone())
+            .unwrap_or_default();
+        let cgroup = spec_path.unwrap_or_else(|| {
+            normalize_cgroups_path(&format!("{}/{id}", parent.trim_end_matches('/')))
+        });
+        if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
+            c.state = ContainerState::Running;
+            c.cgroups_path = Some(cgroup);
+        }
+        self.out_of_band(&st, &id);
+        self.verify_locked(&mut st, Some(&id)).await;
+        self.save(&st);
+        Ok(resp)
+    }
+
+    fn out_of_band(&self, st: &State, id: &str) {
+        let Some(c) = st.cache.data().containers.get(id) else {
+            return;
+        };
+        let Some(cgroup) = c.cgroups_path.clone() else {
+            return;
+        };
+        if let Some(class) = &c.blockio_class {
+            let r = match st.blockio.apply(id, &cgroup, class) {
+                Ok(out) => ControlReport {
+                    container_id: id.to_owned(),
+                    controller: "blockio",
+                    applied: !out.written.is_empty(),
+                    detail: format!(
+                        "class {class}: wrote {:?}; skipped {:?}",
+                        out.written
+                            .iter()
+                            .map(|(p, v)| format!("{}={v}", p.display()))
+                            .collect::<Vec<_>>(),
+                        out.skipped
+                    ),
+                },
+                Err(e) => ControlReport {
+                    container_id: id.to_owned(),
+                    controller: "blockio",
+                    applied: false,
+                    detail: format!("class {class}: {e}"),
+                },
+            };
+            self.report(r);
+        }
+        if let Some(class) = &c.rdt_class {
+            let pids = self.cgroups.read_pids(&cgroup).unwrap_or_default();
+            let r = match st.rdt.assign(id, class, &pids) {
+                Ok(RdtOutcome::Assigned { group, pids }) => ControlReport {
+                    container_id: id.to_owned(),
+                    controller: "rdt",
+                    applied: true,
+                    detail: format!("class {class}: {pids} pids into {}", group.display()),
+                },
+                Ok(RdtOutcome::Unavailable(why)) => ControlReport {
+                    container_id: id.to_owned(),
+                    controller: "rdt",
+                    applied: false,
+                    detail: format!("class {class}: not applied: {why}"),
+                },
+                Err(e) => ControlReport {
+                    container_id: id.to_owned(),
+                    controller: "rdt",
+                    applied: false,
+                    detail: format!("class {class}: {e}"),
+                },
+            };
+            self.report(r);
+        }
+    }
+
+    /// `StopContainer`: relay, then release the container's resources.
+    pub async fn stop_container(
+        &self,
+        req: cri::StopContainerRequest,
+    ) -> Result<cri::StopContainerResponse, ResmgrError> {
+        let id = req.container_id.clone();
+        // The stop timeout is the kubelet's; give it room.
+        let limit = FORWARD_TIMEOUT + Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0));
+        self.relay_then(
+            "StopContainer",
+            limit,
+            self.upstream.runtime().stop_container(req),
+            async |st, _| {
+                self.release_container(st, &id).await;
+                if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
+                    c.state = ContainerState::Exited;
+                }
+            },
+        )
+        .await
+    }
+
+    /// `RemoveContainer`: relay, then forget the container.
+    pub async fn remove_container(
+        &self,
+        req: cri::RemoveContainerRequest,
+    ) -> Result<cri::RemoveContainerResponse, ResmgrError> {
+        let id = req.container_id.clone();
+        self.relay_then(
+            "RemoveContainer",
+            FORWARD_TIMEOUT,
+            self.upstream.runtime().remove_container(req),
+            async |st, _| {
+                self.release_container(st, &id).await;
+                st.cache.data_mut().containers.remove(&id);
+            },
+        )
+        .await
+    }
+
+    /// `UpdateContainerResources` from the kubelet: re-place the container
+    /// if its request changed, keep its cpuset ours, relay.
+    pub async fn update_container_resources(
+        &self,
+        req: cri::UpdateContainerResourcesRequest,
+    ) -> Result<cri::UpdateContainerResourcesResponse, ResmgrError> {
+        let Some(linux) = req.linux.clone() else {
+            return self
+                .call(
+                    "UpdateContainerResources",
+                    FORWARD_TIMEOUT,
+                    self.upstream.runtime().update_container_resources(req),
+                )
+                .await;
+        };
+        validate_resources(&linux)?;
+        let mut st = self.state.lock().await;
+        let id = req.container_id.clone();
+        let known = st.cache.data().containers.get(&id).cloned();
+        let Some(rec) = known.filter(|c| c.assignment.is_some()) else {
+            drop(st);
+            return self
+                .call(
+                    "UpdateContainerResources",
+                    FORWARD_TIMEOUT,
+                    self.upstream.runtime().update_container_resources(req),
+                )
+                .await;
+        };
+        let pod = st
+            .cache
+            .data()
+            .pods
+            .get(&rec.pod_id)
+            .cloned()
+            .ok_or_else(|| ResmgrError::NotFound {
+                kind: "pod sandbox",
+                id: rec.pod_id.clone(),
+            })?;
+        let new_request = derive_request(&pod_facts(&pod), &rec.name, &linux)?;
+        let old_request = rec.request.to_request(&pod, &rec.name);
+        let changed = RequestRecord::from_request(&new_request) != rec.request;
+        let decision = if changed {
+            st.policy.allocate(&new_request).map_err(policy_err)?
+        } else {
+            Decision::default()
+        };
+        let key = new_request.key.clone();
+        let own = st
+            .policy
+            .assignments()
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ResmgrError::Policy(format!("{key} has no assignment")))?;
+        let resources = resources_for(&linux, &own, &st.config.cri);
+        let mut forwarded = req.clone();
+        forwarded.linux = Some(resources.clone());
+        let result = self
+            .call(
+                "UpdateContainerResources",
+                FORWARD_TIMEOUT,
+                self.upstream
+                    .runtime()
+                    .update_container_resources(forwarded),
+            )
+            .await;
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                if changed {
+                    self.rollback(&mut st, &key, Some(&old_request)).await;
+                }
+                return Err(e);
+            }
+        };
+        if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
+            c.request = RequestRecord::from_request(&new_request);
+            c.kubelet_resources = ResourcesRecord::from_cri(&linux);
+            c.resources = ResourcesRecord::from_cri(&resources);
+            c.assignment = Some(AssignmentRecord::from_assignment(&own));
+        }
+        self.apply_decision(&mut st, &decision, Some(&id)).await;
+        self.save(&st);
+        Ok(resp)
+    }
+
+    /// `ListContainers`: relayed without the lock; a full listing is handed
+    /// to the event pipeline to spot drift.
+    pub async fn list_containers(
+        &self,
+        req: cri::ListContainersRequest,
+    ) -> Result<cri::ListContainersResponse, ResmgrError> {
+        let full = req
+            .filter
+            .as_ref()
+            .is_none_or(|f| *f == cri::ContainerFilter::default());
+        let resp = self
+            .call(
+                "ListContainers",
+                FORWARD_TIMEOUT,
+                self.upstream.runtime().list_containers(req),
+            )
+            .await?;
+        if full {
+            self.post(Event::Observed(resp.containers.clone()));
+        }
+        Ok(resp)
+    }
+}
+
+/// IDs of the cached containers of pod `pod_id`.
+fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
+    st.cache
+        .data()
+        .containers
+        .values()
+        .filter(|c| c.pod_id == pod_id)
+        .map(|c| c.id.clone())
+        .collect()
+}
