@@ -49,7 +49,8 @@ pub struct BlockIoDevice {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BlockIoClass {
-    /// Proportional weight, 1..=1000 (scaled to 1..=10000 for v2 `io.weight`).
+    /// Proportional weight on the cgroup v1 scale, 1..=1000 (v2 `io.weight`
+    /// gets [`v2_io_weight`] of it).
     #[serde(default)]
     pub weight: Option<u32>,
     /// Per-device throttles.
@@ -71,6 +72,15 @@ impl BlockIoClass {
         }
         Ok(())
     }
+}
+
+/// A cgroup v1 block I/O weight (10..=1000) on the v2 `io.weight` scale
+/// (1..=10000), as runc and youki convert it: `1 + (w - 10) * 9999 / 990`,
+/// so 10 → 1, 500 → 4950, 1000 → 10000. Weights below the v1 minimum of 10
+/// map to 1.
+pub fn v2_io_weight(v1: u32) -> u64 {
+    let w = u64::from(v1.clamp(10, 1000));
+    1 + (w - 10) * 9999 / 990
 }
 
 fn parse_major_minor(s: &str) -> Option<(u32, u32)> {
@@ -340,7 +350,7 @@ impl Cgroups for CgroupV2 {
             let path = dir.join("io.weight");
             let bfq = dir.join("io.bfq.weight");
             if path.is_file() {
-                let v2 = (u64::from(w) * 10).clamp(1, 10_000);
+                let v2 = v2_io_weight(w);
                 let line = format!("default {v2}");
                 write_file(&path, &line)?;
                 out.written.push((path, line));
@@ -525,7 +535,7 @@ mod tests {
         assert!(out.skipped.is_empty(), "{out:?}");
         assert_eq!(
             std::fs::read_to_string(dir.join("io.weight")).unwrap(),
-            "default 2000"
+            "default 1920"
         );
         assert_eq!(
             std::fs::read_to_string(dir.join("io.max")).unwrap(),
@@ -570,6 +580,27 @@ mod tests {
             std::fs::read_to_string(dir.join("blkio.bfq.weight")).unwrap(),
             "300"
         );
+    }
+
+    #[test]
+    fn v1_weights_convert_to_v2_as_runc_does() {
+        for (v1, v2) in [
+            (10, 1),
+            (1000, 10_000),
+            (500, 4950),
+            (100, 910),
+            (200, 1920),
+            (11, 11),
+            (999, 9989),
+            (1, 1),
+            (9, 1),
+        ] {
+            assert_eq!(v2_io_weight(v1), v2, "v1 weight {v1}");
+        }
+        // Monotonic and inside the v2 range over the whole v1 range.
+        let all: Vec<u64> = (10..=1000).map(v2_io_weight).collect();
+        assert!(all.windows(2).all(|p| p[0] < p[1]));
+        assert!(all.iter().all(|w| (1..=10_000).contains(w)));
     }
 
     #[test]

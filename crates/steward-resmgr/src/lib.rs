@@ -26,6 +26,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod metrics;
+pub mod quantity;
 pub mod relay;
 pub mod requests;
 pub mod resmgr;

@@ -80,52 +80,7 @@ struct QuantityPair {
     memory: Option<String>,
 }
 
-/// Parse a Kubernetes CPU quantity (`"2"`, `"500m"`, `"0.25"`) to millicores.
-pub fn parse_cpu_quantity(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if let Some(m) = s.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    let (whole, frac) = match s.split_once('.') {
-        Some((w, f)) => (w, f),
-        None => (s, ""),
-    };
-    if frac.len() > 3 || (whole.is_empty() && frac.is_empty()) {
-        return None;
-    }
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let mut frac_milli = 0u64;
-    for (i, c) in frac.chars().enumerate() {
-        let d = u64::from(c.to_digit(10)?);
-        frac_milli += d * 10u64.pow(2 - u32::try_from(i).ok()?);
-    }
-    whole.checked_mul(1000)?.checked_add(frac_milli)
-}
-
-/// Parse a Kubernetes memory quantity (`"64Mi"`, `"1G"`, `"1000"`) to bytes.
-pub fn parse_memory_quantity(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult: u64 = match suffix {
-        "" => 1,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        _ => return None,
-    };
-    n.checked_mul(mult)
-}
+pub use crate::quantity::{QuantityError, parse_cpu_quantity, parse_memory_quantity};
 
 fn bad(msg: impl Into<String>) -> ResmgrError {
     ResmgrError::InvalidRequest(msg.into())
@@ -238,7 +193,7 @@ pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(),
             if name.is_empty() {
                 return Err(err("no container name after the prefix".into()));
             }
-            parse_resources_annotation(value).map_err(err)?;
+            parse_resources_annotation(value).map_err(|e| err(e.to_string()))?;
         } else if key == BLOCKIO_POD
             || key == RDT_POD
             || key
@@ -271,42 +226,92 @@ fn parse_qos(s: &str) -> Option<Qos> {
 
 type Parsed = (Option<u64>, Option<u64>, Option<u64>, Option<u64>);
 
-fn parse_resources_annotation(value: &str) -> Result<Parsed, String> {
-    let a: ResourcesAnnotation =
-        serde_json::from_str(value).map_err(|e| format!("not a resources object: {e}"))?;
-    let cpu = |q: &Option<String>| -> Result<Option<u64>, String> {
-        q.as_deref()
-            .map(|s| {
-                parse_cpu_quantity(s)
-                    .filter(|m| *m <= MAX_MILLI)
-                    .ok_or_else(|| format!("cpu quantity {s:?} is malformed or absurd"))
-            })
-            .transpose()
+/// Why the resources annotation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourcesAnnotationError {
+    /// Not the JSON object the annotation carries.
+    #[error("not a resources object: {0}")]
+    NotAnObject(#[source] serde_json::Error),
+    /// A quantity that does not parse.
+    #[error("{resource} quantity: {source}")]
+    Quantity {
+        /// `cpu` or `memory`.
+        resource: &'static str,
+        /// Why.
+        #[source]
+        source: QuantityError,
+    },
+    /// A quantity beyond what a container can hold.
+    #[error("{resource} quantity {value:?} is absurd (more than {max})")]
+    Absurd {
+        /// `cpu` or `memory`.
+        resource: &'static str,
+        /// The text.
+        value: String,
+        /// The largest accepted, in millicores or bytes.
+        max: u64,
+    },
+    /// The request is above the limit.
+    #[error("{resource} request {request} exceeds limit {limit}")]
+    RequestAboveLimit {
+        /// `cpu` (millicores) or `memory` (bytes).
+        resource: &'static str,
+        /// Request.
+        request: u64,
+        /// Limit.
+        limit: u64,
+    },
+}
+
+fn parse_resources_annotation(value: &str) -> Result<Parsed, ResourcesAnnotationError> {
+    use ResourcesAnnotationError as E;
+    let a: ResourcesAnnotation = serde_json::from_str(value).map_err(E::NotAnObject)?;
+    let quantity = |resource: &'static str,
+                    parse: fn(&str) -> Result<u64, QuantityError>,
+                    max: u64,
+                    q: &Option<String>|
+     -> Result<Option<u64>, E> {
+        let Some(s) = q.as_deref() else {
+            return Ok(None);
+        };
+        let v = parse(s).map_err(|source| E::Quantity { resource, source })?;
+        if v > max {
+            return Err(E::Absurd {
+                resource,
+                value: s.to_owned(),
+                max,
+            });
+        }
+        Ok(Some(v))
     };
-    let mem = |q: &Option<String>| -> Result<Option<u64>, String> {
-        q.as_deref()
-            .map(|s| {
-                parse_memory_quantity(s)
-                    .filter(|b| *b <= MAX_MEMORY as u64)
-                    .ok_or_else(|| format!("memory quantity {s:?} is malformed or absurd"))
-            })
-            .transpose()
-    };
+    let max_memory = MAX_MEMORY as u64;
     let parsed = (
-        cpu(&a.requests.cpu)?,
-        cpu(&a.limits.cpu)?,
-        mem(&a.requests.memory)?,
-        mem(&a.limits.memory)?,
+        quantity("cpu", parse_cpu_quantity, MAX_MILLI, &a.requests.cpu)?,
+        quantity("cpu", parse_cpu_quantity, MAX_MILLI, &a.limits.cpu)?,
+        quantity(
+            "memory",
+            parse_memory_quantity,
+            max_memory,
+            &a.requests.memory,
+        )?,
+        quantity(
+            "memory",
+            parse_memory_quantity,
+            max_memory,
+            &a.limits.memory,
+        )?,
     );
-    if let (Some(r), Some(l)) = (parsed.0, parsed.1)
-        && r > l
+    for (resource, request, limit) in [("cpu", parsed.0, parsed.1), ("memory", parsed.2, parsed.3)]
     {
-        return Err(format!("cpu request {r}m exceeds limit {l}m"));
-    }
-    if let (Some(r), Some(l)) = (parsed.2, parsed.3)
-        && r > l
-    {
-        return Err(format!("memory request {r} exceeds limit {l}"));
+        if let (Some(request), Some(limit)) = (request, limit)
+            && request > limit
+        {
+            return Err(E::RequestAboveLimit {
+                resource,
+                request,
+                limit,
+            });
+        }
     }
     Ok(parsed)
 }
@@ -337,9 +342,9 @@ pub fn derive_request(
         .annotations
         .get(&key_ann)
         .map(|v| {
-            parse_resources_annotation(v).map_err(|reason| ResmgrError::Annotation {
+            parse_resources_annotation(v).map_err(|e| ResmgrError::Annotation {
                 key: key_ann.clone(),
-                reason,
+                reason: e.to_string(),
             })
         })
         .transpose()?
@@ -461,18 +466,41 @@ mod tests {
     }
 
     #[test]
-    fn quantities_parse() {
-        assert_eq!(parse_cpu_quantity("2"), Some(2000));
-        assert_eq!(parse_cpu_quantity("500m"), Some(500));
-        assert_eq!(parse_cpu_quantity("0.25"), Some(250));
-        assert_eq!(parse_cpu_quantity(".5"), Some(500));
-        assert_eq!(parse_cpu_quantity("1.2345"), None);
-        assert_eq!(parse_cpu_quantity("x"), None);
-        assert_eq!(parse_memory_quantity("64Mi"), Some(64 << 20));
-        assert_eq!(parse_memory_quantity("1G"), Some(1_000_000_000));
-        assert_eq!(parse_memory_quantity("1000"), Some(1000));
-        assert_eq!(parse_memory_quantity("1Qi"), None);
-        assert_eq!(parse_memory_quantity("Mi"), None);
+    fn quantities_in_the_annotation_use_the_whole_grammar() {
+        let ok = |v: &str| parse_resources_annotation(v).unwrap();
+        assert_eq!(
+            ok(
+                r#"{"requests":{"cpu":"1.5","memory":"1.5Gi"},"limits":{"cpu":"2","memory":"2e9"}}"#
+            ),
+            (Some(1500), Some(2000), Some(3 << 29), Some(2_000_000_000))
+        );
+        let err = |v: &str| parse_resources_annotation(v).unwrap_err();
+        assert!(matches!(
+            err(r#"{"requests":{"memory":"1Qi"}}"#),
+            ResourcesAnnotationError::Quantity {
+                resource: "memory",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(r#"{"limits":{"cpu":"5000"}}"#),
+            ResourcesAnnotationError::Absurd {
+                resource: "cpu",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(r#"{"requests":{"cpu":"2"},"limits":{"cpu":"1"}}"#),
+            ResourcesAnnotationError::RequestAboveLimit {
+                resource: "cpu",
+                request: 2000,
+                limit: 1000
+            }
+        ));
+        assert!(matches!(
+            err("42"),
+            ResourcesAnnotationError::NotAnObject(_)
+        ));
     }
 
     #[test]
@@ -674,13 +702,6 @@ mod tests {
             let a = BTreeMap::new();
             let r = derive_request(&pod(&a, "/kubepods/burstable/p"), "c", &res(shares, 0, 0, 0)).unwrap();
             prop_assert_eq!(r.cpu_request_milli, milli);
-        }
-
-        #[test]
-        fn cpu_quantity_roundtrip(milli in 0u64..=4_096_000) {
-            prop_assert_eq!(parse_cpu_quantity(&format!("{milli}m")), Some(milli));
-            let s = format!("{}.{:03}", milli / 1000, milli % 1000);
-            prop_assert_eq!(parse_cpu_quantity(&s), Some(milli));
         }
     }
 }
