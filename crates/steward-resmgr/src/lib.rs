@@ -42,6 +42,7 @@ use steward_core::cpu::{PolicyKind, new_policy};
 use steward_proto::cri::runtime::v1 as cri;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use cluster::ClusterConfig;
@@ -56,7 +57,7 @@ pub use resmgr::{
 pub struct Proxy {
     socket: PathBuf,
     manager: Arc<ResourceManager>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -153,13 +154,13 @@ impl Proxy {
 
         let listener = server::bind(&cfg.listen).await?;
         info!(listen = %cfg.listen.display(), runtime = %cfg.runtime.display(), "CRI proxy serving");
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let router = server::Router {
             upstream: upstream.clone(),
             resmgr: manager.clone(),
             metrics: cfg.metrics.clone(),
         };
-        let server = tokio::spawn(server::serve(listener, router, stop_rx));
+        let server = tokio::spawn(server::serve(listener, router, stop.clone()));
 
         let mut tasks = Vec::new();
         let (cfg_tx, mut cfg_rx) = mpsc::channel(4);
@@ -248,7 +249,7 @@ impl Proxy {
 
     /// Stop serving, let in-flight calls finish, persist the cache.
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
@@ -264,7 +265,7 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         if let Some(s) = self.server.take() {
             s.abort();
         }
