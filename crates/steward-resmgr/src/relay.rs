@@ -135,6 +135,26 @@ impl Upstream {
     }
 }
 
+/// Why a relayed call did not reach the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// Connecting to the runtime socket took too long.
+    #[error("connecting timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    /// Connecting to the runtime socket failed.
+    #[error("connecting: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The HTTP/2 handshake with the runtime failed.
+    #[error("HTTP/2 handshake: {0}")]
+    Handshake(#[source] hyper::Error),
+    /// The request's URI could not be made absolute.
+    #[error("bad request URI: {0}")]
+    Uri(#[source] http::Error),
+    /// The connection failed while relaying.
+    #[error("relaying: {0}")]
+    Send(#[source] hyper::Error),
+}
+
 /// One HTTP/2 connection to the runtime for relayed calls.
 #[derive(Debug)]
 struct RawConn {
@@ -150,7 +170,7 @@ impl RawConn {
         guard.as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
-    async fn sender(&self) -> Result<SendRequest<Body>, String> {
+    async fn sender(&self) -> Result<SendRequest<Body>, RelayError> {
         if let Some(s) = self.live() {
             return Ok(s);
         }
@@ -161,13 +181,13 @@ impl RawConn {
         let stream =
             tokio::time::timeout(self.timeout, tokio::net::UnixStream::connect(&self.path))
                 .await
-                .map_err(|_| format!("connecting timed out after {:?}", self.timeout))?
-                .map_err(|e| format!("connecting: {e}"))?;
+                .map_err(|_| RelayError::ConnectTimeout(self.timeout))?
+                .map_err(RelayError::Connect)?;
         let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .adaptive_window(true)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
+            .map_err(RelayError::Handshake)?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 debug!(error = %e, "relay connection to the runtime ended");
@@ -182,7 +202,7 @@ impl RawConn {
     async fn send(
         &self,
         req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+    ) -> Result<http::Response<hyper::body::Incoming>, RelayError> {
         let (mut parts, body) = req.into_parts();
         // HTTP/2 needs scheme and authority; the runtime ignores them.
         let pq = parts
@@ -195,7 +215,7 @@ impl RawConn {
             .authority("localhost")
             .path_and_query(pq)
             .build()
-            .map_err(|e| format!("bad request URI: {e}"))?;
+            .map_err(RelayError::Uri)?;
         let mut send = self.sender().await?;
         match send
             .send_request(http::Request::from_parts(parts, body))
@@ -206,18 +226,61 @@ impl RawConn {
                 if let Ok(mut g) = self.current.lock() {
                     *g = None;
                 }
-                Err(format!("relaying: {e}"))
+                Err(RelayError::Send(e))
             }
         }
     }
 }
 
 /// Whether a status means "never reached the runtime" rather than "the
-/// runtime refused".
+/// runtime refused": `UNAVAILABLE` made on this side from a transport,
+/// HTTP/2 or I/O error (found in its source chain), never from the text of
+/// a message (a runtime may answer `UNAVAILABLE` itself, with any text).
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
     use std::error::Error as _;
-    status.code() == tonic::Code::Unavailable
-        && (status.source().is_some()
-            || status.message().contains("transport error")
-            || status.message().contains("error trying to connect"))
+    if status.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut next = status.source();
+    while let Some(e) = next {
+        if e.is::<tonic::transport::Error>()
+            || e.is::<hyper::Error>()
+            || e.is::<std::io::Error>()
+            || e.is::<RelayError>()
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn transport_failures_are_told_by_their_source_not_their_text() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let mut s = tonic::Status::unavailable("anything");
+        s.set_source(Arc::new(refused));
+        assert!(is_transport_failure(&s));
+        // The runtime's own UNAVAILABLE, whatever it says.
+        for text in ["transport error", "error trying to connect", "busy"] {
+            assert!(
+                !is_transport_failure(&tonic::Status::unavailable(text)),
+                "{text}"
+            );
+        }
+        // A source that is not a transport error.
+        let mut s = tonic::Status::unavailable("x");
+        s.set_source(Arc::new(std::fmt::Error));
+        assert!(!is_transport_failure(&s));
+        // Other codes never are.
+        let mut s = tonic::Status::internal("x");
+        s.set_source(Arc::new(std::io::Error::other("x")));
+        assert!(!is_transport_failure(&s));
+    }
 }
