@@ -47,6 +47,12 @@ pub struct ProxyConfig {
     /// Cluster interface: configuration from ConfigMaps (overriding the
     /// file while one applies) and publishing to the Node. `None` = off.
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// Serve the pod resources API (podresources v1 + watch) over this
+    /// manager's assignments on this socket; the agent follows it so its
+    /// own pod resources socket shows the whole node. `None` = off.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// Metrics of that server.
+    pub pod_resources_metrics: steward_podresources::PodResourcesMetrics,
 }
 
 impl ProxyConfig {
@@ -71,6 +77,8 @@ impl ProxyConfig {
             verify_interval: Duration::from_secs(30),
             metrics: Metrics::default(),
             cluster: None,
+            pod_resources_socket: None,
+            pod_resources_metrics: Default::default(),
         }
     }
 }

@@ -6,6 +6,13 @@ use std::path::PathBuf;
 /// the controllers.
 #[derive(Debug, thiserror::Error)]
 pub enum ResmgrError {
+    /// Binding the pod resources socket failed.
+    #[error("serving pod resources on {path}: {source}")]
+    PodResources {
+        path: std::path::PathBuf,
+        #[source]
+        source: steward_nodeio::NodeIoError,
+    },
     /// Binding or preparing the proxy socket failed.
     #[error("listening on {path}: {source}")]
     Listen {

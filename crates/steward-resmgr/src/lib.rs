@@ -19,6 +19,7 @@
 //!
 //! Start it with [`run`], or [`Proxy::start`] to keep a handle (tests).
 
+pub mod assignments;
 pub mod cache;
 pub mod cgroups;
 pub mod cluster;
@@ -60,6 +61,8 @@ pub struct Proxy {
     stop: CancellationToken,
     server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    /// Sockets besides the CRI one (pod resources), removed when dropped.
+    _socket_guards: Vec<steward_nodeio::SocketGuard>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -152,6 +155,24 @@ impl Proxy {
         ));
         manager.startup().await?;
 
+        let mut pod_resources = None;
+        if let Some(path) = &cfg.pod_resources_socket {
+            let hub = steward_podresources::Hub::new(
+                steward_podresources::WatchLimits::default(),
+                cfg.pod_resources_metrics.clone(),
+            );
+            manager.publish_to(hub.clone()).await;
+            let (listener, guard) =
+                steward_nodeio::bind(path, steward_nodeio::BindOptions::mode(0o660)).map_err(
+                    |source| ResmgrError::PodResources {
+                        path: path.clone(),
+                        source,
+                    },
+                )?;
+            info!(socket = %path.display(), "serving pod resources (the CRI resource manager's assignments)");
+            pod_resources = Some((hub, listener, guard));
+        }
+
         let listener = server::bind(&cfg.listen).await?;
         info!(listen = %cfg.listen.display(), runtime = %cfg.runtime.display(), "CRI proxy serving");
         let stop = CancellationToken::new();
@@ -163,6 +184,23 @@ impl Proxy {
         let server = tokio::spawn(server::serve(listener, router, stop.clone()));
 
         let mut tasks = Vec::new();
+        let mut socket_guards = Vec::new();
+        if let Some((hub, listener, guard)) = pod_resources {
+            socket_guards.push(guard);
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = steward_podresources::serve::serve(
+                    hub,
+                    listener,
+                    steward_podresources::serve::ServeOptions::default(),
+                    stop,
+                )
+                .await
+                {
+                    warn!(error = %e, "the pod resources server stopped");
+                }
+            }));
+        }
         let (cfg_tx, mut cfg_rx) = mpsc::channel(4);
         if let Some(path) = cfg.config_file.clone() {
             tasks.push(tokio::spawn(config::watch(
@@ -234,6 +272,7 @@ impl Proxy {
             stop,
             server: Some(server),
             tasks,
+            _socket_guards: socket_guards,
         })
     }
 

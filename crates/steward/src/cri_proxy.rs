@@ -46,6 +46,11 @@ pub struct CriProxyArgs {
     /// Namespace of the configuration ConfigMaps, with --cluster.
     #[arg(long, default_value = "kube-system")]
     config_namespace: String,
+    /// Serve the pod resources API (kubelet's podresources v1 plus the watch)
+    /// over the CPUs and memory this proxy assigns, on this socket (mode 0660).
+    /// The agent follows it (its --cri-pod-resources-socket) to show the whole node.
+    #[arg(long)]
+    pod_resources_socket: Option<PathBuf>,
 }
 
 pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
@@ -55,6 +60,7 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     cfg.sysfs_root = args.sysfs_root;
     cfg.cgroup_root = args.cgroup_root;
     cfg.verify_interval = args.verify_interval;
+    cfg.pod_resources_socket = args.pod_resources_socket;
     if let (true, Some(node)) = (args.cluster, args.node_name) {
         let client = kube::Client::try_default()
             .await
@@ -65,6 +71,7 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     }
     let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Metrics::register(&mut registry);
+    cfg.pod_resources_metrics.register(&mut registry);
     if let Some(addr) = args.metrics_address {
         crate::metrics::serve(addr, registry).await?;
     }

@@ -92,6 +92,9 @@ pub struct ResourceManager {
     cgroups: Arc<dyn Cgroups>,
     allow_policy_switch: bool,
     reports: std::sync::Mutex<VecDeque<ControlReport>>,
+    /// The node view this manager publishes its assignments to, if any
+    /// (the pod resources server's hub).
+    view: std::sync::OnceLock<Arc<steward_podresources::Hub>>,
 }
 
 fn policy_err(e: PolicyError) -> ResmgrError {
@@ -160,7 +163,27 @@ impl ResourceManager {
             cgroups,
             allow_policy_switch,
             reports: std::sync::Mutex::new(VecDeque::new()),
+            view: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Publishes every assignment to `hub` (as the `Cri` source of the node
+    /// view) from now on: now, and after every change of the cache. What the
+    /// topology makes allocatable is published once. A second call is
+    /// ignored.
+    pub async fn publish_to(&self, hub: Arc<steward_podresources::Hub>) {
+        let st = self.state.lock().await;
+        if self.view.set(hub.clone()).is_err() {
+            return;
+        }
+        hub.replace_allocatable(
+            steward_core::ledger::Source::Cri,
+            crate::assignments::allocatable(&st.topology),
+        );
+        hub.replace(
+            steward_core::ledger::Source::Cri,
+            crate::assignments::pods(st.cache.data()),
+        );
     }
 
     async fn call<T, F>(
@@ -191,6 +214,13 @@ impl ResourceManager {
     fn save(&self, st: &State) {
         self.metrics
             .set_containers(st.cache.data().containers.len());
+        // Under the state lock, so the view sees changes in the cache's order.
+        if let Some(hub) = self.view.get() {
+            hub.replace(
+                steward_core::ledger::Source::Cri,
+                crate::assignments::pods(st.cache.data()),
+            );
+        }
         if let Err(e) = st.cache.save() {
             // The in-memory cache is still right; the next save retries.
             error!(error = %e, "persisting the cache failed");
