@@ -80,6 +80,9 @@ pub struct AgentConfig {
     /// Serve the Instances of this node as kubelet device plugins
     /// (Kubernetes mode only); `None`: discovery only.
     pub device_plugins: Option<crate::deviceplugin::DevicePluginConfig>,
+    /// Serve the node view as kubelet's pod resources API plus the watch;
+    /// `None`: off.
+    pub pod_resources: Option<crate::pod_resources::PodResourcesConfig>,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -124,6 +127,7 @@ impl AgentConfig {
             embedded_handlers: Vec::new(),
             timings: AgentTimings::default(),
             device_plugins: None,
+            pod_resources: None,
         }
     }
 

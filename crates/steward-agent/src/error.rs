@@ -7,6 +7,12 @@ use std::path::PathBuf;
 pub enum AgentError {
     #[error("invalid agent configuration: {0}")]
     Config(String),
+    #[error("serving pod resources on {path}: {source}")]
+    PodResources {
+        path: PathBuf,
+        #[source]
+        source: steward_nodeio::NodeIoError,
+    },
     #[error("creating state directory {path}: {source}")]
     StateDir {
         path: PathBuf,

@@ -15,6 +15,7 @@ mod discovery;
 mod error;
 pub mod metrics;
 mod nodes;
+pub mod pod_resources;
 pub mod source;
 pub mod state;
 pub mod status;
@@ -67,6 +68,19 @@ pub async fn run(
     };
 
     let mut background = Vec::new();
+    let client = match &cfg.mode {
+        Mode::Kubernetes(client) => Some(client.clone()),
+        Mode::Standalone { .. } => None,
+    };
+    let view = match &cfg.pod_resources {
+        Some(pr) => {
+            let running = pod_resources::start(pr, client, &cfg.node_name, &stop)?;
+            background.extend(running.tasks);
+            Some((running.hub, running._socket))
+        }
+        None => None,
+    };
+    let hub = view.as_ref().map(|(hub, _)| hub.clone());
     let mut plugins = None;
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
@@ -79,6 +93,7 @@ pub async fn run(
                     client.clone(),
                     state.clone(),
                     metrics.device_plugins.clone(),
+                    hub.clone(),
                     stop.clone().cancelled_owned(),
                 ))));
             }
@@ -156,6 +171,7 @@ fn device_plugins(
     client: kube::Client,
     state: NodeStore,
     metrics: deviceplugin::DevicePluginMetrics,
+    view: Option<std::sync::Arc<steward_podresources::Hub>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let directory = claims::InstanceDirectory::new();
@@ -167,6 +183,7 @@ fn device_plugins(
         config: dp,
         metrics,
         directory: Some(directory),
+        view,
     };
     let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
     async move {

@@ -52,6 +52,22 @@ pub struct AgentArgs {
     /// How long a claimed slot may wait for its pod to appear before it is released.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     slot_pending_timeout: Duration,
+    /// Serve the node's pod resources (kubelet's podresources v1 API plus the
+    /// watch, over every device, CPU and memory assignment) on this socket,
+    /// e.g. /var/lib/kubelet/pod-resources/steward.sock. Off when not given.
+    #[arg(long)]
+    pod_resources_socket: Option<PathBuf>,
+    /// Give the pod resources socket to this group id and mode 0660 (a
+    /// monitoring agent in that group may connect); default: owner only.
+    #[arg(long, requires = "pod_resources_socket")]
+    pod_resources_group: Option<u32>,
+    /// The CRI proxy's pod resources socket (its --pod-resources-socket), followed
+    /// so the CPUs and memory it assigns are in this agent's view.
+    #[arg(long, requires = "pod_resources_socket")]
+    cri_pod_resources_socket: Option<PathBuf>,
+    /// How often kubelet's own pod resources are read into the view (Kubernetes mode).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    kubelet_pod_resources_poll: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -100,10 +116,24 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .collect();
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
     cfg.device_plugins = device_plugins;
+    let mut registry = prometheus_client::registry::Registry::default();
+    if let Some(socket) = args.pod_resources_socket {
+        let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(socket);
+        if let Some(gid) = args.pod_resources_group {
+            pr.group = Some(gid);
+            pr.mode = 0o660;
+        }
+        pr.cri_socket = args.cri_pod_resources_socket;
+        if !args.standalone {
+            pr.kubelet_socket = Some(args.kubelet_dir.join("pod-resources").join("kubelet.sock"));
+        }
+        pr.kubelet_poll = args.kubelet_pod_resources_poll;
+        pr.metrics.register(&mut registry);
+        cfg.pod_resources = Some(pr);
+    }
     cfg.registry.offline_grace_ms =
         u64::try_from(args.offline_grace.as_millis()).unwrap_or(u64::MAX);
 
-    let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Some(AgentMetrics::register(&mut registry));
     if let Some(addr) = args.metrics_address {
         crate::metrics::serve(addr, registry).await?;

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use steward_core::Millis;
@@ -129,6 +130,9 @@ pub(crate) struct Core<L, C> {
     /// follower lists pod resources until the slots are attributed or
     /// released.
     followup: mpsc::UnboundedSender<()>,
+    /// Poked whenever the state is locked (a possible change), for the
+    /// node view's publisher (`view.rs`); permits coalesce.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
@@ -173,12 +177,27 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
             op_timeout,
             cdi,
             followup,
+            changed: Arc::new(tokio::sync::Notify::new()),
         };
         (core, rx)
     }
 
     pub async fn lock(&self) -> MutexGuard<'_, State> {
+        // The publisher's lock queues behind this one (the mutex is fair),
+        // so it sees whatever this holder changes.
+        self.changed.notify_one();
         self.state.lock().await
+    }
+
+    /// The state, without telling the node view's publisher (it is the one
+    /// asking).
+    pub(crate) async fn lock_quiet(&self) -> MutexGuard<'_, State> {
+        self.state.lock().await
+    }
+
+    /// Woken after the state may have changed.
+    pub(crate) fn changes(&self) -> Arc<tokio::sync::Notify> {
+        self.changed.clone()
     }
 
     async fn timed<T>(

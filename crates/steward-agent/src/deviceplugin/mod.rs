@@ -33,6 +33,7 @@ mod metrics;
 mod names;
 mod plugin;
 mod podresources;
+mod view;
 mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,6 +123,9 @@ pub struct DevicePluginParts<L, C> {
     /// Kept current from the Instance watch (the cluster claim store
     /// resolves Instances with it).
     pub directory: Option<InstanceDirectory>,
+    /// The node view the slots are published to (the agent's pod resources
+    /// server), if it runs.
+    pub view: Option<Arc<steward_podresources::Hub>>,
 }
 
 struct Running {
@@ -146,6 +150,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         config,
         metrics,
         directory,
+        view,
     } = parts;
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
         .into_iter()
@@ -197,6 +202,9 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         Duration::from_millis(config.slots.pending_timeout_ms),
     ));
     tasks.spawn(watch::feed_claims(core.clone(), claim_events));
+    if let Some(hub) = view {
+        tasks.spawn(view::publish(core.clone(), hub));
+    }
 
     let site = PluginSite {
         plugin_dir: config.plugin_dir.clone(),
