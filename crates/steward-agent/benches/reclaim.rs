@@ -17,6 +17,10 @@
 //!   SlotClaim writes per allocation (create + bind).
 //!
 //! `STEWARD_BENCH_SMOKE=1` runs 20 pods instead of 1,000.
+//! `STEWARD_BENCH_POD_RESOURCES=slots` also runs each agent's pod resources
+//! server fed by its slot ledger; `=all` adds kubelet's report (polled every
+//! second, pods resolved through a second pod watch) — to measure what the
+//! node view costs the Allocate and reclaim paths.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -79,6 +83,20 @@ fn agent_config(
     let mut dp = DevicePluginConfig::new(dir.join(format!("{node}-kubelet")), None);
     dp.poll = Duration::from_millis(100);
     cfg.device_plugins = Some(dp);
+    if let Ok(view) = std::env::var("STEWARD_BENCH_POD_RESOURCES") {
+        let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(
+            dir.join(format!("{node}-pod-resources.sock")),
+        );
+        if view == "all" {
+            pr.kubelet_socket = Some(
+                dir.join(format!("{node}-kubelet"))
+                    .join("pod-resources")
+                    .join("kubelet.sock"),
+            );
+            pr.kubelet_poll = Duration::from_secs(1);
+        }
+        cfg.pod_resources = Some(pr);
+    }
     cfg
 }
 

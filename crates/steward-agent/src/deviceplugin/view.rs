@@ -10,62 +10,124 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use steward_core::ledger::{Allocatable, PodAssignments, Source};
+use steward_core::ledger::{Allocatable, Holding, PodAssignments, Source};
 use steward_podresources::Hub;
 
 use super::core::{Core, State};
 use crate::claims::ClaimStore;
 
-/// The slots this node's ledger holds, by pod, and what its plugins serve.
-pub(crate) fn slots_view(st: &State) -> (Vec<PodAssignments>, Allocatable, BTreeSet<String>) {
+/// What the view needs of one served Instance.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    name: String,
+    resource_name: String,
+    numa: BTreeSet<i64>,
+    capacity: u32,
+    usable: bool,
+}
+
+/// The raw copy taken under the core's lock: the ledger's holdings and the
+/// served Instances. Everything else is built after the lock is released,
+/// so the Allocate path waits for a copy, not for the view's work.
+pub(crate) fn copy(st: &State) -> (Vec<Holding>, BTreeMap<String, Served>) {
+    let served = st
+        .instances
+        .iter()
+        .map(|(name, inst)| {
+            (
+                name.clone(),
+                Served {
+                    name: inst.name.clone(),
+                    resource_name: inst.resource_name.clone(),
+                    numa: inst.numa.iter().copied().collect(),
+                    capacity: inst.capacity,
+                    usable: inst.usable,
+                },
+            )
+        })
+        .collect();
+    (st.ledger.holders(), served)
+}
+
+/// The slots held, by pod, what the plugins serve, and their resource names.
+pub(crate) fn slots_view(
+    holdings: Vec<Holding>,
+    served: &BTreeMap<String, Served>,
+) -> (Vec<PodAssignments>, Allocatable, BTreeSet<String>) {
     let mut pods: BTreeMap<String, PodAssignments> = BTreeMap::new();
-    for h in st.ledger.holders() {
+    for h in holdings {
         let Some(holder) = h.holder else { continue };
         let Some(inst) = h
             .resource
             .rsplit_once('-')
-            .and_then(|(instance, _)| st.instances.get(instance))
+            .and_then(|(instance, _)| served.get(instance))
         else {
             continue;
         };
-        let numa: BTreeSet<i64> = inst.numa.iter().copied().collect();
         let pod = pods
             .entry(holder.pod.uid.clone())
             .or_insert_with(|| PodAssignments::new(holder.pod.clone()));
         let container = holder.container.as_deref().unwrap_or_default();
         pod.container_mut(container)
-            .add_devices(&inst.resource_name, [h.resource.clone()], &numa);
+            .add_devices(&inst.resource_name, [h.resource], &inst.numa);
     }
     let mut allocatable = Allocatable::default();
     let mut names = BTreeSet::new();
-    for inst in st.instances.values() {
+    for inst in served.values() {
         names.insert(inst.resource_name.clone());
         if !inst.usable {
             continue;
         }
-        let numa: BTreeSet<i64> = inst.numa.iter().copied().collect();
         let devices = allocatable
             .devices
             .entry(inst.resource_name.clone())
             .or_default();
         for n in 0..inst.capacity {
-            devices.insert(format!("{}-{n}", inst.name), numa.clone());
+            devices.insert(format!("{}-{n}", inst.name), inst.numa.clone());
         }
     }
     (pods.into_values().collect(), allocatable, names)
 }
 
+/// The shortest time between two publications: a burst of Allocates is
+/// published as one change, so the view's work (a copy and a diff of every
+/// holding) does not compete with each Allocate on a busy node.
+pub(crate) const PUBLISH_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Publishes the slots to `hub` now and after every change, until dropped.
 pub(crate) async fn publish<L: ClaimStore, C: ClaimStore>(core: Arc<Core<L, C>>, hub: Arc<Hub>) {
     let changed = core.changes();
+    let mut last: Option<(Vec<Holding>, BTreeMap<String, Served>)> = None;
     loop {
-        let (pods, allocatable, names) = {
+        let (holdings, served) = {
             let st = core.lock_quiet().await;
-            slots_view(&st)
+            copy(&st)
         };
-        hub.set_steward_resources(names);
-        hub.replace_allocatable(Source::Slots, allocatable);
-        hub.replace(Source::Slots, pods);
+        // Most locks change nothing (reads, settled lists): skip the work.
+        let same = last
+            .as_ref()
+            .is_some_and(|(h, s)| *h == holdings && same_served(s, &served));
+        if !same {
+            let (pods, allocatable, names) = slots_view(holdings.clone(), &served);
+            hub.set_steward_resources(names);
+            hub.replace_allocatable(Source::Slots, allocatable);
+            hub.replace(Source::Slots, pods);
+            last = Some((holdings, served));
+        }
+        // A change during the gap left a permit: the next round starts at
+        // once after it. An idle node's first change is published at once.
+        tokio::time::sleep(PUBLISH_GAP).await;
         changed.notified().await;
     }
+}
+
+fn same_served(a: &BTreeMap<String, Served>, b: &BTreeMap<String, Served>) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((ka, va), (kb, vb))| {
+            ka == kb
+                && va.resource_name == vb.resource_name
+                && va.numa == vb.numa
+                && va.capacity == vb.capacity
+                && va.usable == vb.usable
+        })
 }
