@@ -1,1 +1,0 @@
-//! Kubernetes API adapter toolkit.
