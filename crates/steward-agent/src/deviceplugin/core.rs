@@ -135,6 +135,35 @@ pub(crate) struct Core<L, C> {
     changed: Arc<tokio::sync::Notify>,
 }
 
+/// Refuses ids that are not slots of `instance` (another Instance's slot
+/// sent to this plugin) and ids named twice in one request. kubelet never
+/// sends either; a plugin must not act on them.
+fn own_slots(instance: &str, req: &AllocateRequest) -> Result<(), (Status, &'static str)> {
+    let mut seen = std::collections::BTreeSet::new();
+    for id in req.container_requests.iter().flat_map(|c| &c.devices_ids) {
+        let own = id
+            .rsplit_once('-')
+            .is_some_and(|(i, n)| i == instance && n.parse::<u32>().is_ok());
+        if !own {
+            return Err((
+                Status::not_found(format!(
+                    "unknown device {id:?}: not a slot of {instance}; nothing was allocated"
+                )),
+                "unknown_device",
+            ));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err((
+                Status::invalid_argument(format!(
+                    "device {id:?} is named twice in one Allocate; nothing was allocated"
+                )),
+                "duplicate_device",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
     let msg = e.to_string();
     match e {
@@ -351,10 +380,21 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
 
     /// kubelet's Allocate: claims every slot durably (local, then cluster)
     /// before answering; on any failure nothing changed and the answer is an
-    /// error saying why.
-    pub async fn allocate(&self, req: &AllocateRequest) -> Result<AllocateResponse, Status> {
+    /// error saying why. Every id must be one of `instance`'s slots, each at
+    /// most once, or nothing is allocated.
+    pub async fn allocate(
+        &self,
+        instance: &str,
+        req: &AllocateRequest,
+    ) -> Result<AllocateResponse, Status> {
         let started = Instant::now();
-        let result = self.allocate_inner(req).await;
+        let result = match own_slots(instance, req) {
+            Ok(()) => self.allocate_inner(req).await,
+            Err(refused) => {
+                tracing::warn!(%instance, error = %refused.0.message(), "Allocate refused");
+                Err(refused)
+            }
+        };
         self.metrics
             .allocate_seconds
             .observe(started.elapsed().as_secs_f64());

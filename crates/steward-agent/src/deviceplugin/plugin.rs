@@ -105,7 +105,9 @@ impl<L: ClaimStore, C: ClaimStore> DevicePlugin for Service<L, C> {
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
         let core = self.core()?;
-        core.allocate(request.get_ref()).await.map(Response::new)
+        core.allocate(&self.instance, request.get_ref())
+            .await
+            .map(Response::new)
     }
 
     async fn pre_start_container(
