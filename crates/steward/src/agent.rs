@@ -47,7 +47,7 @@ pub struct AgentArgs {
     #[arg(long, env = "STEWARD_KUBELET_DIR", default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
     /// Where CDI spec files for Instances are written (empty: no CDI).
-    #[arg(long, default_value = "/var/run/cdi")]
+    #[arg(long, default_value = "/var/run/cdi", value_parser = path_or_empty)]
     cdi_dir: PathBuf,
     /// How long a claimed slot may wait for its pod to appear before it is released.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -79,6 +79,12 @@ pub struct InstancesArgs {
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     steward_discovery::duration::parse_duration(s)
+}
+
+/// A path where the empty string is meaningful (clap's own path parser
+/// refuses it).
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -172,4 +178,26 @@ pub fn print_instances(args: &InstancesArgs) -> anyhow::Result<()> {
     }
     println!("{} instance(s)", instances.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn empty_cdi_dir_means_no_cdi() -> Result<(), clap::Error> {
+        let off = Cli::try_parse_from(["agent", "--node-name", "n", "--cdi-dir", ""])?;
+        assert!(off.agent.cdi_dir.as_os_str().is_empty());
+        let default = Cli::try_parse_from(["agent", "--node-name", "n"])?;
+        assert_eq!(default.agent.cdi_dir, PathBuf::from("/var/run/cdi"));
+        Ok(())
+    }
 }

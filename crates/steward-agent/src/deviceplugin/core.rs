@@ -695,10 +695,12 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
             self.apply(&mut st, fx).await;
             st.push_health(name);
         }
+        // Closing the channel now makes the all-Unhealthy list the last one
+        // kubelet is sent: ListAndWatch delivers it, then ends.
+        st.channels.remove(name);
         let fx = st.ledger.instance_removed(name);
         self.apply(&mut st, fx).await;
         st.instances.remove(name);
-        st.channels.remove(name);
     }
 
     pub async fn set_broker(&self, key: (String, String), props: Option<BTreeMap<String, String>>) {

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Weak;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use steward_nodeio::backoff::Backoff;
 use steward_nodeio::{BindOptions, FileIdentity, SocketGuard, UnixIncoming};
 use steward_proto::deviceplugin::v1beta1::{
@@ -19,7 +19,6 @@ use steward_proto::deviceplugin::v1beta1::{
     registration_client::RegistrationClient,
 };
 use tokio::sync::watch;
-use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
@@ -70,6 +69,35 @@ impl<L, C> Service<L, C> {
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
+/// The ListAndWatch stream: the current list, then every change. It ends
+/// when the plugin stops (restart, shutdown), or when the Instance's channel
+/// is closed (the Instance left this node) after its last list, the
+/// all-Unhealthy one, has been sent.
+fn device_updates(
+    rx: watch::Receiver<Vec<Device>>,
+    stop: CancellationToken,
+) -> impl Stream<Item = Result<ListAndWatchResponse, Status>> + Send {
+    futures::stream::unfold((rx, stop, true), |(mut rx, stop, first)| async move {
+        if !first {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {
+                    // A restart or shutdown (channel still open) ends at
+                    // once; a removal closed the channel first, and its
+                    // last list, if not yet sent, still goes out.
+                    if rx.has_changed().is_ok() {
+                        return None;
+                    }
+                    rx.changed().await.ok()?;
+                }
+                changed = rx.changed() => changed.ok()?,
+            }
+        }
+        let devices = rx.borrow_and_update().clone();
+        Some((Ok(ListAndWatchResponse { devices }), (rx, stop, false)))
+    })
+}
+
 #[tonic::async_trait]
 impl<L: ClaimStore, C: ClaimStore> DevicePlugin for Service<L, C> {
     async fn get_device_plugin_options(
@@ -86,10 +114,10 @@ impl<L: ClaimStore, C: ClaimStore> DevicePlugin for Service<L, C> {
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         tracing::debug!(instance = %self.instance, "ListAndWatch opened");
-        let stream = WatchStream::new(self.devices.clone())
-            .map(|devices| Ok(ListAndWatchResponse { devices }))
-            .take_until(self.stop.clone().cancelled_owned());
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(device_updates(
+            self.devices.clone(),
+            self.stop.clone(),
+        ))))
     }
 
     async fn get_preferred_allocation(
