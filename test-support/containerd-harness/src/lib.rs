@@ -43,6 +43,12 @@ pub const DEFAULT_EXTERNAL_CGROUP_PARENT: &str = "/steward-test/external";
 pub const POD_NAMESPACE: &str = "steward-test";
 /// Label carrying the generated pod name.
 pub const POD_LABEL: &str = "steward.test/pod";
+/// Label naming the test process that created a pod (its pid): what
+/// [`Containerd`]'s drop sweeps, so a test that panics leaves no pod behind
+/// in a shared containerd for the next test to adopt.
+pub const OWNER_LABEL: &str = "steward.test/owner";
+/// Longest the sweep of a dropped [`Containerd`] may take.
+const SWEEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Errors of the harness.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +85,12 @@ pub enum HarnessError {
     /// A temporary directory could not be created.
     #[error("creating a temporary directory: {0}")]
     TempDir(#[source] std::io::Error),
+    /// A runtime for the pod sweep could not be built.
+    #[error("building a runtime for the pod sweep: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The pod sweep did not finish in time.
+    #[error("the pod sweep took longer than {0:?}")]
+    SweepTimeout(std::time::Duration),
     /// The shared-instance lock was poisoned by a panicking test.
     #[error("shared containerd lock poisoned")]
     Poisoned,
@@ -159,6 +171,74 @@ impl Drop for Owned {
     }
 }
 
+/// Dropped (at a test's end, or while it unwinds from a panic): every pod
+/// this process created in an attached containerd is stopped and removed.
+/// A containerd we started is stopped as a whole instead.
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.owned.is_none() {
+            sweep_own_pods(&self.sock);
+        }
+    }
+}
+
+/// Removes the pods labelled with this process as [`OWNER_LABEL`], on a
+/// thread of its own (the drop may run inside, or unwind out of, a tokio
+/// runtime), bounded by [`SWEEP_TIMEOUT`].
+fn sweep_own_pods(sock: &Path) {
+    let sock = sock.to_path_buf();
+    let owner = std::process::id().to_string();
+    let sweeper = std::thread::spawn(move || -> Result<usize, HarnessError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(HarnessError::Runtime)?;
+        rt.block_on(async {
+            tokio::time::timeout(SWEEP_TIMEOUT, remove_pods_of(&sock, &owner))
+                .await
+                .map_err(|_| HarnessError::SweepTimeout(SWEEP_TIMEOUT))?
+        })
+    });
+    match sweeper.join() {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => warn!(pods = n, "removed pods a test left behind"),
+        Ok(Err(e)) => warn!(error = %e, "could not remove this test's pods"),
+        Err(_) => warn!("the pod sweep panicked"),
+    }
+}
+
+/// Stops and removes every pod whose [`OWNER_LABEL`] is `owner`; returns
+/// how many there were.
+pub async fn remove_pods_of(sock: &Path, owner: &str) -> Result<usize, HarnessError> {
+    let (mut runtime, _) = cri_client(sock).await?;
+    let pods = own_pods(&mut runtime, owner).await?;
+    for id in &pods {
+        cleanup_pod(&mut runtime, id).await?;
+    }
+    Ok(pods.len())
+}
+
+/// Ids of the pod sandboxes whose [`OWNER_LABEL`] is `owner`.
+pub async fn own_pods(
+    runtime: &mut RuntimeServiceClient<Channel>,
+    owner: &str,
+) -> Result<Vec<String>, HarnessError> {
+    Ok(runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: HashMap::from([(OWNER_LABEL.to_owned(), owner.to_owned())]),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(HarnessError::cri("ListPodSandbox"))?
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|p| p.id)
+        .collect())
+}
+
 static SHARED: Mutex<Weak<Containerd>> = Mutex::new(Weak::new());
 
 impl Containerd {
@@ -194,6 +274,16 @@ impl Containerd {
         let fresh = Arc::new(Self::from_env_or_start()?);
         *slot = Arc::downgrade(&fresh);
         Ok(fresh)
+    }
+
+    /// Attach to a running containerd (not stopped on drop; this process's
+    /// pods in it are removed on drop).
+    pub fn attach(sock: impl Into<PathBuf>, cgroup_parent: impl Into<String>) -> Self {
+        Self {
+            sock: sock.into(),
+            cgroup_parent: cgroup_parent.into(),
+            owned: None,
+        }
     }
 
     /// Start a private containerd in a new temporary directory.
@@ -373,7 +463,10 @@ pub fn pod_sandbox_config(
             PodNetwork::Host => String::new(),
             PodNetwork::Pod => name.chars().take(63).collect(),
         },
-        labels: HashMap::from([(POD_LABEL.to_owned(), name.clone())]),
+        labels: HashMap::from([
+            (POD_LABEL.to_owned(), name.clone()),
+            (OWNER_LABEL.to_owned(), std::process::id().to_string()),
+        ]),
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: format!("{parent}/{name}"),
             security_context: Some(cri::LinuxSandboxSecurityContext {
