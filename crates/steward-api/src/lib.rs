@@ -56,24 +56,33 @@ pub fn crds_yaml() -> Result<String, CrdError> {
 mod tests {
     use super::*;
 
-    /// The committed manifest, relative to this crate.
-    const COMMITTED: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/crds/steward.dev.yaml"
-    );
+    /// The committed manifests, relative to this crate: the plain one and
+    /// the Helm chart's (helm installs `crds/` before the templates).
+    const COMMITTED: [&str; 2] = [
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/crds/steward.dev.yaml"
+        ),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/helm/steward/crds/steward.dev.yaml"
+        ),
+    ];
 
     #[test]
     fn committed_crds_match_the_types() {
         let generated = crds_yaml().unwrap();
-        if std::env::var_os("STEWARD_BLESS_CRDS").is_some() {
-            std::fs::write(COMMITTED, &generated).unwrap();
+        for path in COMMITTED {
+            if std::env::var_os("STEWARD_BLESS_CRDS").is_some() {
+                std::fs::write(path, &generated).unwrap();
+            }
+            let committed = std::fs::read_to_string(path).unwrap_or_default();
+            assert!(
+                committed == generated,
+                "{path} is out of sync with the steward-api types: run \
+                 `STEWARD_BLESS_CRDS=1 cargo test -p steward-api committed_crds`"
+            );
         }
-        let committed = std::fs::read_to_string(COMMITTED).unwrap_or_default();
-        assert!(
-            committed == generated,
-            "deploy/crds/steward.dev.yaml is out of sync with the steward-api types: \
-             run `steward crds > deploy/crds/steward.dev.yaml`"
-        );
     }
 
     #[test]

@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+#[cfg(test)]
+mod chart_tests;
 mod cli;
 mod cri_proxy;
 mod metrics;

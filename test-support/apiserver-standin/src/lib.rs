@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 
 pub use error::{ApiError, Error, FieldError, FieldErrorKind, NOT_IMPLEMENTED};
 pub use selector::{FieldSelector, LabelSelector};
-pub use stats::Stats;
+pub use stats::{Access, Stats};
 pub use types::{KindHooks, ResourceType};
 
 use server::Shared;
@@ -107,7 +107,7 @@ impl ApiServer {
             url: url.clone(),
             message: e.to_string(),
         })?;
-        let client = plain_http_client(uri).map_err(|e| Error::Client {
+        let client = plain_http_client(uri, None).map_err(|e| Error::Client {
             url: url.clone(),
             source: Box::new(e),
         })?;
@@ -146,6 +146,24 @@ impl ApiServer {
     /// A real kube client pointed at the stand-in (default namespace `default`).
     pub fn client(&self) -> kube::Client {
         self.inner.client.clone()
+    }
+
+    /// A client acting as `user` (e.g. `system:serviceaccount:ns:name`):
+    /// its requests carry `Impersonate-User`, and [`Stats::access`] records
+    /// what it did under that user, to check against RBAC rules.
+    pub fn client_as(&self, user: &str) -> Result<kube::Client, Error> {
+        let uri: http::Uri =
+            self.inner
+                .url
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| Error::Url {
+                    url: self.inner.url.clone(),
+                    message: e.to_string(),
+                })?;
+        plain_http_client(uri, Some(user)).map_err(|e| Error::Client {
+            url: self.inner.url.clone(),
+            source: Box::new(e),
+        })
     }
 
     fn with_store<R>(&self, f: impl FnOnce(&mut Store) -> R) -> Option<R> {
@@ -223,9 +241,12 @@ impl ApiServer {
 
 /// A kube client over plain HTTP: base URI + extra headers layers on a hyper client,
 /// without kube's TLS connector (whose rustls needs a process-level crypto provider).
-fn plain_http_client(uri: http::Uri) -> Result<kube::Client, kube::Error> {
+/// With `user`, every request carries `Impersonate-User: <user>` (kube's
+/// impersonation), which the stand-in records accesses under.
+fn plain_http_client(uri: http::Uri, user: Option<&str>) -> Result<kube::Client, kube::Error> {
     use kube::client::ConfigExt;
-    let config = kube::Config::new(uri);
+    let mut config = kube::Config::new(uri);
+    config.auth_info.impersonate = user.map(str::to_owned);
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_connect_timeout(config.connect_timeout);
     let http: hyper_util::client::legacy::Client<_, kube::client::Body> =

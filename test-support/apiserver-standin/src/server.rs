@@ -332,6 +332,21 @@ fn dispatch(
     {
         let mut store = sh.lock()?;
         store.stats.request(verb);
+        let resource = match sub_kind {
+            Sub::Status => format!("{}/status", rt.plural),
+            Sub::Main => rt.plural.clone(),
+        };
+        store.stats.access(crate::stats::Access {
+            user: headers
+                .get("impersonate-user")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+            verb: verb.to_owned(),
+            group: rt.group.clone(),
+            resource,
+            namespace: ns.clone(),
+        });
         if matches!(
             verb,
             "create" | "update" | "patch" | "delete" | "deletecollection"

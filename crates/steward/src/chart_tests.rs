@@ -1,0 +1,231 @@
+//! The Helm chart (`deploy/helm/steward`), rendered with a real helm 4
+//! under several value sets: it lints, every container's arguments are
+//! accepted by this binary's own command line, every container is hardened,
+//! every mount has its volume, and bad values are refused by the schema.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use clap::Parser;
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use crate::Cli;
+
+/// The value sets CI renders: default, CRI proxy on (cluster configuration),
+/// CRI proxy with a file configuration, handlers as their own DaemonSets,
+/// no RBAC (bring your own), and the smallest agent.
+const VALUE_SETS: &[&[&str]] = &[
+    &[],
+    &["criProxy.enabled=true"],
+    &[
+        "criProxy.enabled=true",
+        "criProxy.cluster=false",
+        "criProxy.config=policy: { active: static }",
+        "criProxy.allowPolicySwitch=true",
+    ],
+    &[
+        "agent.embeddedHandlers={debug-echo}",
+        "discoveryHandlers.udev.enabled=true",
+        "discoveryHandlers.tcpProbe.enabled=true",
+        "agent.podResources.groupId=472",
+    ],
+    &["rbac.create=false"],
+    &[
+        "agent.embeddedHandlers=null",
+        "agent.devicePlugins=false",
+        "agent.podResources.enabled=false",
+        "agent.metrics.enabled=false",
+        "agent.cdi.enabled=false",
+    ],
+];
+
+fn helm() -> PathBuf {
+    std::env::var_os("STEWARD_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("helm"))
+}
+
+fn chart() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
+}
+
+fn run_helm(action: &str, sets: &[&str]) -> Output {
+    let mut cmd = Command::new(helm());
+    cmd.arg(action);
+    if action == "template" {
+        cmd.arg("t");
+    }
+    cmd.arg(chart()).args(["--namespace", "steward-system"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
+            helm().display()
+        )
+    })
+}
+
+fn render(sets: &[&str]) -> Vec<Value> {
+    let out = run_helm("template", sets);
+    assert!(
+        out.status.success(),
+        "helm template {sets:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn pod_specs(objects: &[Value]) -> Vec<(String, &Value)> {
+    objects
+        .iter()
+        .filter(|o| o["kind"].as_str() == Some("DaemonSet"))
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+                &o["spec"]["template"]["spec"],
+            )
+        })
+        .collect()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .map(|x| x.as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn chart_lints_and_renders_under_every_value_set() {
+    for sets in VALUE_SETS {
+        let lint = run_helm("lint", sets);
+        assert!(
+            lint.status.success(),
+            "helm lint {sets:?}: {}{}",
+            String::from_utf8_lossy(&lint.stdout),
+            String::from_utf8_lossy(&lint.stderr)
+        );
+        let objects = render(sets);
+        let pods = pod_specs(&objects);
+        assert!(!pods.is_empty(), "{sets:?} renders no DaemonSet");
+        for (ds, spec) in pods {
+            let volumes: Vec<&str> = spec["volumes"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .map(|v| v["name"].as_str().unwrap())
+                .collect();
+            for c in spec["containers"].as_sequence().unwrap() {
+                let what = format!("{ds}/{} under {sets:?}", c["name"].as_str().unwrap());
+                // The arguments are this binary's own command line.
+                let mut argv = vec!["steward".to_owned()];
+                argv.extend(strings(&c["args"]));
+                // NODE_NAME comes from the downward API, read by clap as the
+                // env of --node-name.
+                let node_name_env = c["env"].as_sequence().into_iter().flatten().any(|e| {
+                    e["name"].as_str() == Some("NODE_NAME")
+                        && e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("spec.nodeName")
+                });
+                if node_name_env {
+                    argv.push("--node-name=node-a".to_owned());
+                }
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    panic!("{what}: steward refuses {argv:?}:\n{e}");
+                }
+                // Hardened: no privilege, no capability beyond what is listed.
+                let sc = &c["securityContext"];
+                assert_eq!(
+                    sc["allowPrivilegeEscalation"].as_bool(),
+                    Some(false),
+                    "{what}"
+                );
+                assert_eq!(sc["privileged"].as_bool(), Some(false), "{what}");
+                assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{what}");
+                assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{what}");
+                let added = strings(&sc["capabilities"]["add"]);
+                assert!(added.iter().all(|c| c == "CHOWN"), "{what} adds {added:?}");
+                assert_eq!(
+                    sc["seccompProfile"]["type"].as_str(),
+                    Some("RuntimeDefault"),
+                    "{what}"
+                );
+                assert!(c["resources"]["requests"].is_mapping(), "{what}");
+                for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
+                    let name = m["name"].as_str().unwrap();
+                    assert!(
+                        volumes.contains(&name),
+                        "{what}: mount {name} has no volume"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chart_options_reach_the_command_lines() {
+    let objects = render(&["criProxy.enabled=true", "agent.podResources.groupId=472"]);
+    let args_of = |ds: &str| -> Vec<String> {
+        let (_, spec) = pod_specs(&objects)
+            .into_iter()
+            .find(|(n, _)| n == ds)
+            .unwrap_or_else(|| panic!("no DaemonSet {ds}"));
+        strings(&spec["containers"][0]["args"])
+    };
+    let agent = args_of("t-steward-agent");
+    let proxy = args_of("t-steward-cri-proxy");
+    // The agent follows the socket the proxy serves its assignments on.
+    let served = proxy
+        .iter()
+        .find_map(|a| a.strip_prefix("--pod-resources-socket="))
+        .expect("the proxy serves pod resources");
+    assert!(
+        agent.contains(&format!("--cri-pod-resources-socket={served}")),
+        "{agent:?}"
+    );
+    assert!(agent.contains(&"--pod-resources-group=472".to_owned()));
+    assert!(proxy.contains(&"--cluster".to_owned()));
+    // Without CDI the agent is told so, which it accepts (empty: no CDI).
+    let objects = render(&["agent.cdi.enabled=false"]);
+    let (_, spec) = pod_specs(&objects)
+        .into_iter()
+        .find(|(n, _)| n == "t-steward-agent")
+        .unwrap();
+    assert!(strings(&spec["containers"][0]["args"]).contains(&"--cdi-dir=".to_owned()));
+}
+
+#[test]
+fn bad_values_are_refused_with_the_reason() {
+    for (set, reason) in [
+        ("agent.metrics.port=0", "/agent/metrics/port"),
+        ("agent.offlineGrace=5minutes", "/agent/offlineGrace"),
+        ("agent.embeddedHandlers={usb}", "/agent/embeddedHandlers/0"),
+        ("agent.bogus=1", "bogus"),
+        ("kubeletDir=relative/path", "/kubeletDir"),
+        (
+            "criProxy.configNamespace=Not_A_Name",
+            "/criProxy/configNamespace",
+        ),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ] {
+        let out = run_helm("template", &[set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--set {set} was accepted");
+        assert!(err.contains(reason), "--set {set}: {err}");
+    }
+    // A handler both embedded and run as its own DaemonSet is refused.
+    let out = run_helm("template", &["discoveryHandlers.udev.enabled=true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
+}

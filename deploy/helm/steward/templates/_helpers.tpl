@@ -1,0 +1,62 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "steward.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name. */}}
+{{- define "steward.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object; pass (dict "ctx" $ "component" "agent"). */}}
+{{- define "steward.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+{{ include "steward.selectorLabels" . }}
+{{- end -}}
+
+{{- define "steward.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "steward.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "steward.image" -}}
+{{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end -}}
+
+{{/* The hardened container securityContext; pass a list of capabilities to add. */}}
+{{- define "steward.securityContext" -}}
+runAsUser: 0
+runAsNonRoot: false
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  {{- if . }}
+  add: {{ toJson . }}
+  {{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The agent's registration socket, where discovery handlers register. */}}
+{{- define "steward.registrationSocket" -}}
+{{ .Values.stateDir }}/registration.sock
+{{- end -}}
+
+{{/* The CRI proxy's pod resources socket, followed by the agent. */}}
+{{- define "steward.criPodResourcesSocket" -}}
+{{ .Values.stateDir }}/resmgr/pod-resources.sock
+{{- end -}}

@@ -1,0 +1,400 @@
+//! The Helm chart grants each component what its code calls, and no
+//! component calls what the chart does not grant: the chart is rendered
+//! with a real helm, the agent and the CRI proxy run against the API server
+//! stand-in as their chart ServiceAccounts (kube's impersonation header),
+//! and every access the stand-in recorded for each is checked against the
+//! rendered RBAC rules bound to that ServiceAccount.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::serde::Deserialize as _;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_yaml::Value;
+use steward_agent::deviceplugin::DevicePluginConfig;
+use steward_agent::{AgentConfig, AgentTimings, Mode};
+use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
+use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
+use steward_testing_apiserver::{Access, ApiServer};
+use steward_testing_containerd::Containerd;
+use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
+
+const WAIT: Duration = Duration::from_secs(30);
+const RELEASE: &str = "t";
+const NAMESPACE: &str = "steward-system";
+
+/// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
+fn helm() -> PathBuf {
+    std::env::var_os("STEWARD_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("helm"))
+}
+
+fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
+}
+
+/// `helm template` of the chart with `sets`, as YAML documents.
+fn render(sets: &[&str]) -> Vec<Value> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
+            helm().display()
+        )
+    });
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[derive(Debug)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+    /// A Role bound by a RoleBinding grants only in its namespace.
+    namespace: Option<String>,
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn kind(o: &Value) -> &str {
+    o["kind"].as_str().unwrap_or_default()
+}
+
+fn name(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// The rules bound to ServiceAccount `sa` in [`NAMESPACE`].
+fn rules_of(objects: &[Value], sa: &str) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for b in objects
+        .iter()
+        .filter(|o| matches!(kind(o), "ClusterRoleBinding" | "RoleBinding"))
+    {
+        let bound = b["subjects"].as_sequence().into_iter().flatten().any(|s| {
+            s["kind"].as_str() == Some("ServiceAccount")
+                && s["name"].as_str() == Some(sa)
+                && s["namespace"].as_str() == Some(NAMESPACE)
+        });
+        if !bound {
+            continue;
+        }
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
+        let role_name = b["roleRef"]["name"].as_str().unwrap();
+        let binding_ns = (kind(b) == "RoleBinding")
+            .then(|| b["metadata"]["namespace"].as_str().unwrap().to_owned());
+        let role = objects
+            .iter()
+            .find(|o| kind(o) == role_kind && name(o) == role_name)
+            .unwrap_or_else(|| panic!("{} binds missing {role_kind} {role_name}", name(b)));
+        for r in role["rules"].as_sequence().into_iter().flatten() {
+            rules.push(Rule {
+                groups: strings(&r["apiGroups"]),
+                resources: strings(&r["resources"]),
+                verbs: strings(&r["verbs"]),
+                namespace: binding_ns.clone(),
+            });
+        }
+    }
+    rules
+}
+
+fn grants(rules: &[Rule], a: &Access) -> bool {
+    let has = |list: &[String], x: &str| list.iter().any(|v| v == x || v == "*");
+    rules.iter().any(|r| {
+        has(&r.groups, &a.group)
+            && has(&r.resources, &a.resource)
+            && has(&r.verbs, &a.verb)
+            && r.namespace
+                .as_ref()
+                .is_none_or(|ns| a.namespace.as_ref() == Some(ns))
+    })
+}
+
+fn user(sa: &str) -> String {
+    format!("system:serviceaccount:{NAMESPACE}:{sa}")
+}
+
+/// Every access of `sa` is granted; returns them.
+fn check(server: &ApiServer, objects: &[Value], sa: &str) -> BTreeSet<Access> {
+    let rules = rules_of(objects, sa);
+    assert!(!rules.is_empty(), "no rules bound to {sa}");
+    let done: BTreeSet<Access> = server
+        .stats()
+        .access
+        .into_iter()
+        .filter(|a| a.user == user(sa))
+        .collect();
+    let denied: Vec<&Access> = done.iter().filter(|a| !grants(&rules, a)).collect();
+    assert!(
+        denied.is_empty(),
+        "{sa} calls what the chart does not grant it:\n{denied:#?}"
+    );
+    // Granted but not seen in this run (some paths, e.g. Secrets behind
+    // discovery properties, are not exercised here): for the reader.
+    for r in &rules {
+        for res in &r.resources {
+            for verb in &r.verbs {
+                if !done.iter().any(|a| &a.resource == res && &a.verb == verb) {
+                    eprintln!("{sa}: granted, not used in this run: {verb} {res}");
+                }
+            }
+        }
+    }
+    done
+}
+
+fn did(done: &BTreeSet<Access>, verb: &str, resource: &str) -> bool {
+    done.iter()
+        .any(|a| a.verb == verb && a.resource == resource)
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[test]
+fn a_grant_the_chart_lacks_is_caught() {
+    let objects = render(&[]);
+    let rules = rules_of(&objects, &format!("{RELEASE}-steward-agent"));
+    let access = |verb: &str, group: &str, resource: &str| Access {
+        user: String::new(),
+        verb: verb.into(),
+        group: group.into(),
+        resource: resource.into(),
+        namespace: Some("default".into()),
+    };
+    assert!(grants(
+        &rules,
+        &access("create", "steward.dev", "slotclaims")
+    ));
+    // The agent never writes Nodes or Pods, nor reads CRDs: not granted.
+    assert!(!grants(&rules, &access("patch", "", "nodes")));
+    assert!(!grants(&rules, &access("delete", "", "pods")));
+    assert!(!grants(
+        &rules,
+        &access("list", "apiextensions.k8s.io", "customresourcedefinitions")
+    ));
+    // Without criProxy.cluster the proxy gets no ServiceAccount at all.
+    let objects = render(&["criProxy.enabled=true", "criProxy.cluster=false"]);
+    assert!(
+        !objects
+            .iter()
+            .any(|o| kind(o) == "ServiceAccount" && name(o).ends_with("cri-proxy"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_component_calls_only_what_the_chart_grants_it() {
+    let objects = render(&["criProxy.enabled=true"]);
+    let agent_sa = format!("{RELEASE}-steward-agent");
+    let proxy_sa = format!("{RELEASE}-steward-cri-proxy");
+    let ctd = Containerd::shared().expect("containerd (needs root and its packages)");
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "node-a", "labels": { "kubernetes.io/os": "linux" } },
+        "status": { "capacity": { "cpu": "2" } },
+    }))
+    .unwrap();
+    Api::<Node>::all(api.client())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+
+    // The CRI proxy, configured from the cluster, as its ServiceAccount.
+    let mut pcfg = ProxyConfig::new(
+        dir.path().join("cri.sock"),
+        ctd.sock(),
+        dir.path().join("resmgr"),
+    );
+    pcfg.verify_interval = Duration::ZERO;
+    let mut cluster = ClusterConfig::new(api.client_as(&user(&proxy_sa)).unwrap(), "node-a");
+    cluster.namespace = "kube-system".into();
+    pcfg.cluster = Some(cluster);
+    let proxy = Proxy::start(pcfg).await.expect("CRI proxy starts");
+
+    // The agent with device plugins, as its ServiceAccount, beside a kubelet.
+    let root = dir.path().join("kubelet");
+    let kubelet = Kubelet::start(KubeletConfig {
+        root_dir: root.clone(),
+        node_name: "node-a".into(),
+        api: Some(api.client()),
+    })
+    .await
+    .unwrap();
+    let mut cfg = AgentConfig::new(
+        "node-a",
+        dir.path().join("agent-state"),
+        dir.path().join("agent.sock"),
+        Mode::Kubernetes(api.client_as(&user(&agent_sa)).unwrap()),
+    );
+    cfg.embedded_handlers = vec![Arc::new(
+        steward_discovery::handlers::debug_echo::DebugEcho::new(false),
+    )];
+    cfg.timings = AgentTimings {
+        tick_interval: Duration::from_millis(100),
+        file_poll_interval: Duration::from_millis(100),
+        max_conflict_retries: 8,
+    };
+    let mut dp = DevicePluginConfig::new(&root, None);
+    dp.poll = Duration::from_millis(50);
+    cfg.device_plugins = Some(dp);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(steward_agent::run(cfg, async move {
+        let _ = stop_rx.await;
+    }));
+
+    // Its whole story: a Configuration becomes an Instance, a pod takes a
+    // slot (a SlotClaim), the pod goes and the slot is reclaimed.
+    let mut c = Configuration::new(
+        "cams",
+        ConfigurationSpec::new(
+            "debug-echo",
+            "descriptions: [\"cam\"]\npollInterval: 50ms\n",
+        ),
+    );
+    c.metadata.namespace = Some("default".into());
+    c.spec.capacity = 1;
+    Api::<Configuration>::namespaced(api.client(), "default")
+        .create(&PostParams::default(), &c)
+        .await
+        .unwrap();
+    let instances: Api<Instance> = Api::namespaced(api.client(), "default");
+    let inst = eventually("the Instance", || {
+        let instances = instances.clone();
+        async move {
+            instances
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        }
+    })
+    .await;
+    let res = format!("steward.dev/{}", inst.metadata.name.clone().unwrap());
+    kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 1, WAIT)
+        .await
+        .unwrap();
+    let admitted = kubelet
+        .add_pod(
+            PodSpec::new("default", "user").container(ContainerSpec::new("main").limit(&res, 1)),
+        )
+        .await
+        .unwrap();
+    let claims: Api<SlotClaim> = Api::all(api.client());
+    eventually("the slot claimed", || {
+        let claims = claims.clone();
+        let uid = admitted.uid.clone();
+        async move {
+            claims
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|c| c.spec.pod.as_ref().is_some_and(|p| p.uid == uid))
+        }
+    })
+    .await;
+    kubelet.delete_pod(&admitted.uid).await.unwrap();
+    eventually("the slot reclaimed", || {
+        let claims = claims.clone();
+        let uid = admitted.uid.clone();
+        async move {
+            let held = claims
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .any(|c| c.spec.pod.as_ref().is_some_and(|p| p.uid == uid));
+            (!held).then_some(())
+        }
+    })
+    .await;
+    // The proxy published its policy and topology on the Node.
+    eventually("the Node annotated by the proxy", || {
+        let nodes = Api::<Node>::all(api.client());
+        async move {
+            let n = nodes.get("node-a").await.ok()?;
+            n.metadata
+                .annotations?
+                .contains_key(steward_resmgr::cluster::TOPOLOGY_ANNOTATION)
+                .then_some(())
+        }
+    })
+    .await;
+
+    let _ = stop_tx.send(());
+    agent.await.unwrap().unwrap();
+    proxy.shutdown().await;
+
+    let by_agent = check(&api, &objects, &agent_sa);
+    for (verb, resource) in [
+        ("watch", "configurations"),
+        ("create", "instances"),
+        ("create", "slotclaims"),
+        ("watch", "pods"),
+    ] {
+        assert!(
+            did(&by_agent, verb, resource),
+            "agent never did {verb} {resource}: {by_agent:#?}"
+        );
+    }
+    let by_proxy = check(&api, &objects, &proxy_sa);
+    assert!(did(&by_proxy, "watch", "configmaps"), "{by_proxy:#?}");
+    assert!(did(&by_proxy, "patch", "nodes"), "{by_proxy:#?}");
+}
