@@ -31,7 +31,7 @@ const VALUE_SETS: &[&[&str]] = &[
         "discoveryHandlers.tcpProbe.enabled=true",
         "agent.podResources.groupId=472",
     ],
-    &["rbac.create=false"],
+    &["rbac.create=false", "logFormat=json"],
     &[
         "agent.embeddedHandlers=null",
         "agent.devicePlugins=false",
@@ -218,6 +218,7 @@ fn bad_values_are_refused_with_the_reason() {
             "/criProxy/configNamespace",
         ),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("logFormat=xml", "/logFormat"),
     ] {
         let out = run_helm("template", &[set]);
         let err = String::from_utf8_lossy(&out.stderr);

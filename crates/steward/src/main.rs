@@ -23,6 +23,16 @@ struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info,steward_agent=debug`.
     #[arg(long, global = true, env = "STEWARD_LOG", default_value = "info")]
     log: String,
+    /// Log format on stderr: `text` for people, `json` (one object per line)
+    /// for log collectors.
+    #[arg(
+        long,
+        global = true,
+        env = "STEWARD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,13 +72,28 @@ struct DiscoveryHandlerArgs {
     shared: Option<bool>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let filter = match EnvFilter::try_new(&cli.log) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("steward: --log {:?} is not a log filter: {e}", cli.log);
+            return ExitCode::from(2);
+        }
+    };
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

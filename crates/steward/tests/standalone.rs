@@ -98,8 +98,11 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
         "debug-echo".into(),
         "--metrics-address".into(),
         addr.to_string().into(),
+        "--log-format".into(),
+        "json".into(),
     ];
-    let mut agent = Proc::spawn("standalone agent", &args, &[], dir.path().join("agent.log"))?;
+    let log = dir.path().join("agent.log");
+    let mut agent = Proc::spawn("standalone agent", &args, &[], log.clone())?;
 
     let count = || async {
         let text = metrics(addr).await.ok()?;
@@ -132,6 +135,19 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     agent.sigterm()?;
     let status = agent.wait_exit(Duration::from_secs(15)).await?;
     ensure!(status.success(), "agent exited with {status}");
+
+    // --log-format json: every line a JSON object a log collector can read.
+    let logged = std::fs::read_to_string(&log)?;
+    let lines: Vec<&str> = logged.lines().filter(|l| !l.trim().is_empty()).collect();
+    ensure!(lines.len() >= 3, "too few log lines:\n{logged}");
+    for line in &lines {
+        let v: serde_yaml::Value =
+            serde_yaml::from_str(line).with_context(|| format!("not a JSON log line: {line}"))?;
+        ensure!(
+            line.starts_with('{') && v["level"].as_str().is_some() && v["fields"].is_mapping(),
+            "not a JSON log object: {line}"
+        );
+    }
 
     let out = Command::new(STEWARD)
         .args(["instances", "--state-dir"])
