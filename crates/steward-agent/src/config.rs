@@ -83,6 +83,9 @@ pub struct AgentConfig {
     /// Serve the node view as kubelet's pod resources API plus the watch;
     /// `None`: off.
     pub pod_resources: Option<crate::pod_resources::PodResourcesConfig>,
+    /// What `/readyz` reports: the Configurations read and applied, the
+    /// slot ledger recovered, every device plugin registered with kubelet.
+    pub readiness: steward_nodeio::Readiness,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -128,6 +131,7 @@ impl AgentConfig {
             timings: AgentTimings::default(),
             device_plugins: None,
             pod_resources: None,
+            readiness: steward_nodeio::Readiness::new(),
         }
     }
 

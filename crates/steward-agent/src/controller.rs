@@ -48,6 +48,9 @@ pub(crate) struct Inputs {
     pub nodes_gone: mpsc::Receiver<String>,
 }
 
+/// The readiness condition the controller keeps.
+pub(crate) const READY_CONFIGURATIONS: &str = "configurations";
+
 pub(crate) struct Controller<S> {
     node: String,
     store: S,
@@ -58,6 +61,7 @@ pub(crate) struct Controller<S> {
     client_opts: ClientOptions,
     timings: AgentTimings,
     status: Option<StatusWriter>,
+    readiness: steward_nodeio::Readiness,
     start: Instant,
     tasks: BTreeMap<(HandlerKey, ConfigKey), (u64, AbortHandle)>,
     next_task: u64,
@@ -80,6 +84,8 @@ pub(crate) struct ControllerParts<S> {
     pub client_opts: ClientOptions,
     pub timings: AgentTimings,
     pub status: Option<StatusWriter>,
+    /// `configurations` holds once the initial list has been applied.
+    pub readiness: steward_nodeio::Readiness,
 }
 
 fn endpoint_text(e: &Endpoint) -> String {
@@ -125,6 +131,7 @@ impl<S: InstanceStore> Controller<S> {
             client_opts: p.client_opts,
             timings: p.timings,
             status: p.status,
+            readiness: p.readiness,
             start: Instant::now(),
             tasks: BTreeMap::new(),
             next_task: 0,
@@ -267,7 +274,10 @@ impl<S: InstanceStore> Controller<S> {
                 }
                 self.publish(&key).await;
             }
-            ConfigEvent::Synced(live) => self.sweep_orphans(&live).await,
+            ConfigEvent::Synced(live) => {
+                self.sweep_orphans(&live).await;
+                self.readiness.ready(READY_CONFIGURATIONS);
+            }
             ConfigEvent::Deleted(key) => {
                 tracing::info!(configuration = %key, "configuration deleted");
                 let at = self.now();

@@ -58,6 +58,10 @@ pub async fn run(
     let stop = CancellationToken::new();
     // Dropping this future (an aborted agent task) stops what it spawned.
     let _cancel_on_drop = stop.clone().drop_guard();
+    cfg.readiness.not_ready(
+        controller::READY_CONFIGURATIONS,
+        "the Configurations have not been read and applied yet",
+    );
     let (reg_tx, reg_rx) = mpsc::channel(64);
     let (cfg_tx, cfg_rx) = mpsc::channel(64);
     let (node_tx, node_rx) = mpsc::channel(64);
@@ -184,6 +188,7 @@ fn device_plugins(
         metrics,
         directory: Some(directory),
         view,
+        readiness: cfg.readiness.clone(),
     };
     let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
     async move {
@@ -219,6 +224,7 @@ async fn drive<S: InstanceStore>(
         client_opts: cfg.client.clone(),
         timings: cfg.timings,
         status,
+        readiness: cfg.readiness.clone(),
     });
     if let Err(e) = controller.restore().await {
         return (Err(e), Some(server));

@@ -18,10 +18,12 @@ mod error;
 pub mod h2_authority;
 pub mod identity;
 pub mod incoming;
+pub mod readiness;
 pub mod socket;
 
 pub use error::NodeIoError;
 pub use h2_authority::AuthorityFix;
 pub use identity::FileIdentity;
 pub use incoming::UnixIncoming;
+pub use readiness::Readiness;
 pub use socket::{BindOptions, SocketGuard, bind};

@@ -37,7 +37,7 @@ pub struct AgentArgs {
     /// How long an Offline discovery handler is kept before it is removed.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     offline_grace: Duration,
-    /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
+    /// Address of the Prometheus metrics endpoint (`/metrics`), liveness (`/healthz`) and readiness (`/readyz`).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
     /// Do not serve this node's Instances as kubelet device plugins (Kubernetes mode).
@@ -142,7 +142,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     cfg.metrics = Some(AgentMetrics::register(&mut registry));
     if let Some(addr) = args.metrics_address {
-        crate::metrics::serve(addr, registry).await?;
+        crate::metrics::serve(addr, registry, cfg.readiness.clone()).await?;
     }
     steward_agent::run(cfg, crate::shutdown_signal())
         .await

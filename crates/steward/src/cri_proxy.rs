@@ -32,7 +32,7 @@ pub struct CriProxyArgs {
     /// How often applied cpusets and memory limits are read back from cgroupfs (0s: never).
     #[arg(long, default_value = "30s", value_parser = crate::agent::parse_duration)]
     verify_interval: Duration,
-    /// Address of the Prometheus metrics endpoint (`/metrics`) and health check (`/healthz`).
+    /// Address of the Prometheus metrics endpoint (`/metrics`), liveness (`/healthz`) and readiness (`/readyz`).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
     /// Take configuration from the cluster (ConfigMaps steward-resmgr.node.<node> >
@@ -72,10 +72,19 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = Metrics::register(&mut registry);
     cfg.pod_resources_metrics.register(&mut registry);
+    let readiness = steward_nodeio::Readiness::new();
+    readiness.not_ready(
+        "cri-proxy",
+        "starting: reaching the runtime and re-syncing the cache",
+    );
     if let Some(addr) = args.metrics_address {
-        crate::metrics::serve(addr, registry).await?;
+        crate::metrics::serve(addr, registry, readiness.clone()).await?;
     }
-    steward_resmgr::run(cfg, crate::shutdown_signal())
+    let proxy = steward_resmgr::Proxy::start(cfg)
         .await
-        .context("CRI proxy failed")
+        .context("CRI proxy failed")?;
+    readiness.ready("cri-proxy");
+    crate::shutdown_signal().await;
+    proxy.shutdown().await;
+    Ok(())
 }

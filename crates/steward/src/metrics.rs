@@ -1,4 +1,6 @@
-//! A small HTTP endpoint: `/metrics` (Prometheus text format) and `/healthz`.
+//! A small HTTP endpoint: `/metrics` (Prometheus text format), `/healthz`
+//! (the process answers) and `/readyz` (every readiness condition holds; 503
+//! with one line per condition that does not).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,13 +10,18 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
+use steward_nodeio::Readiness;
 
 /// Binds `addr` and serves the registry in the background.
-pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<()> {
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+    readiness: Readiness,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the metrics address {addr}"))?;
-    tracing::info!(%addr, "serving /metrics and /healthz");
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     let registry = Arc::new(registry);
     tokio::spawn(async move {
         loop {
@@ -26,10 +33,14 @@ pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<()> {
                 }
             };
             let registry = registry.clone();
+            let readiness = readiness.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let registry = registry.clone();
-                    async move { Ok::<_, std::convert::Infallible>(respond(&req, &registry)) }
+                    let readiness = readiness.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(respond(&req, &registry, &readiness))
+                    }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 if let Err(err) = hyper::server::conn::http1::Builder::new()
@@ -44,7 +55,11 @@ pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn respond<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
+fn respond<B>(
+    req: &Request<B>,
+    registry: &Registry,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match req.uri().path() {
         "/metrics" => {
             let mut text = String::new();
@@ -62,6 +77,10 @@ fn respond<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
             }
         }
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        "/readyz" => match readiness.report() {
+            (true, text) => (StatusCode::OK, "text/plain", text),
+            (false, text) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", text),
+        },
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",

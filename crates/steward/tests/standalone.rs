@@ -44,15 +44,21 @@ fn write_atomically(path: &Path, content: &str) -> anyhow::Result<()> {
 
 /// `GET /metrics` with a bare HTTP/1.0 request.
 async fn metrics(addr: std::net::SocketAddr) -> anyhow::Result<String> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await?;
+    let out = http_get(addr, "/metrics").await?;
     ensure!(
         out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
         "{out}"
     );
+    Ok(out)
+}
+
+/// The whole HTTP/1.0 answer to `GET path`.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
     Ok(out)
 }
 
@@ -131,6 +137,13 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
         sample(&text, "discovery_handlers", "state=\"Active\"") == Some(1.0),
         "{text}"
     );
+    // Ready: the Configurations file has been read and applied.
+    let ready = http_get(addr, "/readyz").await?;
+    ensure!(
+        ready.starts_with("HTTP/1.0 200") || ready.starts_with("HTTP/1.1 200"),
+        "{ready}"
+    );
+    ensure!(ready.ends_with("ok\n"), "{ready}");
 
     agent.sigterm()?;
     let status = agent.wait_exit(Duration::from_secs(15)).await?;

@@ -126,6 +126,9 @@ pub struct DevicePluginParts<L, C> {
     /// The node view the slots are published to (the agent's pod resources
     /// server), if it runs.
     pub view: Option<Arc<steward_podresources::Hub>>,
+    /// `device-plugins` (ledger recovered, plugins started) and one
+    /// `device-plugin/<instance>` per plugin (registered with kubelet).
+    pub readiness: steward_nodeio::Readiness,
 }
 
 struct Running {
@@ -151,7 +154,9 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         metrics,
         directory,
         view,
+        readiness,
     } = parts;
+    readiness.not_ready("device-plugins", "recovering the slot ledger");
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
         .into_iter()
         .flatten()
@@ -210,6 +215,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         plugin_dir: config.plugin_dir.clone(),
         poll: config.poll,
         rpc_timeout: config.op_timeout,
+        readiness: readiness.clone(),
     };
     let mut manager = Manager {
         core: core.clone(),
@@ -220,6 +226,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         metrics,
     };
     manager.set_instances(served).await;
+    readiness.ready("device-plugins");
 
     let mut ticker = tokio::time::interval(config.tick_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -283,7 +290,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
             if let Some(r) = self.running.remove(&name) {
                 touched.insert(r.inst.config_key());
                 self.core.instance_removed(&name).await;
-                stop(r).await;
+                stop(r, &self.site.readiness).await;
                 tracing::info!(instance = %name, "instance gone from this node; device plugin stopped");
             }
         }
@@ -296,7 +303,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                     let devices = self.core.instance_upserted(inst.clone()).await;
                     if restart {
                         if let Some(old) = self.running.remove(&name) {
-                            stop(old).await;
+                            stop(old, &self.site.readiness).await;
                         }
                         tracing::info!(instance = %name, capacity = inst.capacity, "instance changed; restarting its device plugin");
                         let r = self.start(inst, devices);
@@ -362,12 +369,13 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
 
     async fn stop_all(&mut self) {
         for (_, r) in std::mem::take(&mut self.running) {
-            stop(r).await;
+            stop(r, &self.site.readiness).await;
         }
     }
 }
 
-async fn stop(r: Running) {
+async fn stop(r: Running, readiness: &steward_nodeio::Readiness) {
     r.stop.cancel();
     finish_task(r.task, Duration::from_secs(2)).await;
+    readiness.remove(&plugin::readiness_name(&r.inst.name));
 }

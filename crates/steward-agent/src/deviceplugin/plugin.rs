@@ -152,6 +152,8 @@ pub(crate) struct PluginSite {
     pub plugin_dir: PathBuf,
     pub poll: Duration,
     pub rpc_timeout: Duration,
+    /// `device-plugin/<instance>` holds while kubelet has it registered.
+    pub readiness: steward_nodeio::Readiness,
 }
 
 impl PluginSite {
@@ -177,6 +179,11 @@ async fn register(site: &PluginSite, endpoint: &str, resource_name: &str) -> Res
         Ok(Err(status)) => Err(format!("kubelet refused: {}", status.message())),
         Err(_) => Err(format!("no answer within {:?}", site.rpc_timeout)),
     }
+}
+
+/// The readiness condition of one Instance's plugin.
+pub(crate) fn readiness_name(instance: &str) -> String {
+    format!("device-plugin/{instance}")
 }
 
 /// Why a generation of the server ended.
@@ -285,11 +292,15 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
     stop: &CancellationToken,
 ) -> End {
     let mut backoff = Backoff::doubling(site.poll, MAX_REGISTER_BACKOFF);
+    let condition = readiness_name(instance);
+    site.readiness
+        .not_ready(&condition, "not registered with kubelet yet");
     let kubelet_id = loop {
         let before = FileIdentity::of(&site.kubelet_socket());
         match register(site, endpoint, resource_name).await {
             Ok(()) => {
                 tracing::info!(%instance, resource = %resource_name, "device plugin registered with kubelet");
+                site.readiness.ready(&condition);
                 if let Some(core) = core.upgrade() {
                     core.metrics.registrations.inc();
                 }
@@ -297,6 +308,8 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
             }
             Err(e) => {
                 tracing::warn!(%instance, resource = %resource_name, error = %e, "registration with kubelet failed; retrying");
+                site.readiness
+                    .not_ready(&condition, format!("registration with kubelet failed: {e}"));
                 if wait_or_stop(stop, backoff.next_delay()).await {
                     return End::Stop;
                 }

@@ -1,0 +1,92 @@
+//! What `/readyz` reports for the agent: the Configurations applied, the
+//! slot ledger recovered, and every device plugin registered with kubelet.
+//! With kubelet gone the plugin's condition says why it is not ready; when
+//! kubelet comes back it registers and the agent is ready again.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod dp;
+
+use std::time::Duration;
+
+use dp::*;
+use steward_testing_kubelet::{Kubelet, KubeletConfig};
+
+async fn wait_report(
+    readiness: &steward_nodeio::Readiness,
+    what: &str,
+    f: impl Fn(bool, &str) -> bool,
+) -> String {
+    eventually(what, WAIT, || async {
+        let (ok, text) = readiness.report();
+        f(ok, &text).then_some(text)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_kubelet_registration() {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let readiness = cfg.readiness.clone();
+    let (ok, text) = readiness.report();
+    assert!(ok, "nothing is asked of an agent not started: {text}");
+    let agent = Agent::start(cfg);
+    wait_report(&readiness, "ready with no Configuration", |ok, _| ok).await;
+
+    // kubelet goes away; a Configuration gives this node a plugin to serve.
+    let Node { kubelet, root, .. } = node;
+    drop(kubelet);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 1),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let name = inst.metadata.name.clone().unwrap();
+    let text = wait_report(&readiness, "not ready while kubelet is gone", |ok, text| {
+        !ok && text.contains(&format!("device-plugin/{name}: "))
+    })
+    .await;
+    assert!(
+        text.contains("registration with kubelet failed") || text.contains("not registered"),
+        "{text}"
+    );
+
+    // kubelet is back: the plugin registers and the agent is ready.
+    let kubelet = Kubelet::start(KubeletConfig {
+        root_dir: root,
+        node_name: "node-a".into(),
+        api: Some(server.client()),
+    })
+    .await
+    .unwrap();
+    wait_report(&readiness, "ready once registered again", |ok, _| ok).await;
+    assert!(
+        readiness.names().contains(&format!("device-plugin/{name}")),
+        "{:?}",
+        readiness.names()
+    );
+    assert!(
+        kubelet
+            .wait_for_resource(&resource(&inst), |s| s.connected, Duration::from_secs(5))
+            .await
+            .is_ok()
+    );
+
+    // The Instance goes: its condition goes with the plugin.
+    let api: kube::Api<steward_api::Configuration> = kube::Api::namespaced(server.client(), NS);
+    api.delete("cams", &Default::default()).await.unwrap();
+    kubelet
+        .wait_for_resource(&resource(&inst), |s| !s.connected, WAIT)
+        .await
+        .unwrap();
+    let gone = format!("device-plugin/{name}");
+    eventually("the plugin's condition removed", WAIT, || async {
+        (!readiness.names().contains(&gone)).then_some(())
+    })
+    .await;
+    assert!(readiness.report().0);
+    agent.stop().await.unwrap();
+}
