@@ -13,12 +13,15 @@
 
 pub mod client;
 mod error;
+mod openapi;
+mod protobuf;
 mod schema;
 mod selector;
 mod server;
 mod smp;
 mod stats;
 mod store;
+mod table;
 mod types;
 mod validation;
 mod watch;
@@ -33,7 +36,7 @@ use tokio::task::JoinHandle;
 pub use error::{ApiError, Error, FieldError, FieldErrorKind, NOT_IMPLEMENTED};
 pub use selector::{FieldSelector, LabelSelector};
 pub use stats::{Access, Stats};
-pub use types::{KindHooks, ResourceType};
+pub use types::{KindHooks, PrinterColumn, ResourceType};
 
 use server::Shared;
 use store::Store;

@@ -18,8 +18,9 @@ use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use crate::store::{
     DeleteOpts, FieldValidation, PatchType, Store, Sub, WriteOpts, WriteResult, meta_str,
 };
+use crate::table::{Output, negotiate, render_one, table};
 use crate::types::ResourceType;
-use crate::watch::{self, WatchFilter, WatchParams, render};
+use crate::watch::{self, WatchFilter, WatchParams};
 
 /// State shared by the handlers, the GC task and the public handle.
 pub(crate) struct Shared {
@@ -49,6 +50,10 @@ enum Route {
     ApiVersions,
     GroupList,
     Group(String),
+    /// `/openapi/v3`
+    OpenApiIndex,
+    /// `/openapi/v3/api/<v>`, `/openapi/v3/apis/<g>/<v>`
+    OpenApiDoc(String, String),
     ResourceList(String, String),
     Resource {
         rt: Box<ResourceType>,
@@ -69,6 +74,13 @@ fn route(store: &Store, path: &str) -> Result<Route, ApiError> {
         ["healthz" | "readyz" | "livez"] => return Ok(Route::Health),
         ["api"] => return Ok(Route::ApiVersions),
         ["apis"] => return Ok(Route::GroupList),
+        ["openapi", "v3"] => return Ok(Route::OpenApiIndex),
+        ["openapi", "v3", "api", v] => {
+            return Ok(Route::OpenApiDoc(String::new(), (*v).to_string()));
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            return Ok(Route::OpenApiDoc((*g).to_string(), (*v).to_string()));
+        }
         ["apis", g] => return Ok(Route::Group((*g).to_string())),
         ["api", v] => return Ok(Route::ResourceList(String::new(), (*v).to_string())),
         ["apis", g, v] => return Ok(Route::ResourceList((*g).to_string(), (*v).to_string())),
@@ -137,6 +149,14 @@ fn error_response(e: &ApiError) -> Response {
 /// Entry point of every request.
 pub(crate) async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
+    tracing::debug!(
+        method = %parts.method,
+        uri = %parts.uri,
+        accept = ?parts.headers.get(header::ACCEPT),
+        content_type = ?parts.headers.get(header::CONTENT_TYPE),
+        user_agent = ?parts.headers.get(header::USER_AGENT),
+        "request"
+    );
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
         Err(e) => {
@@ -224,16 +244,19 @@ fn media_type(headers: &HeaderMap) -> String {
 fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     match media_type(headers).as_str() {
         "" | "application/json" | "*/*" => {}
-        "application/yaml" | "application/vnd.kubernetes.protobuf" => {
+        // what client-go's generated clientsets (kubectl create namespace|configmap|secret)
+        // send for built-in kinds; nothing the server answers makes them send JSON
+        "application/vnd.kubernetes.protobuf" => return crate::protobuf::decode(body),
+        "application/yaml" => {
             return Err(ApiError::unsupported_media_type(format!(
-                "{}: request bodies in {} (the stand-in accepts application/json)",
+                "{}: request bodies in {} (the stand-in accepts application/json, and application/vnd.kubernetes.protobuf for v1 Namespace, ConfigMap and Secret)",
                 crate::error::NOT_IMPLEMENTED,
                 media_type(headers)
             )));
         }
         other => {
             return Err(ApiError::unsupported_media_type(format!(
-                "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf"
+                "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/vnd.kubernetes.protobuf"
             )));
         }
     }
@@ -244,33 +267,6 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
     })
-}
-
-fn metadata_only(headers: &HeaderMap) -> Result<bool, ApiError> {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if accept.contains("as=Table") {
-        return Err(ApiError {
-            code: 406,
-            reason: "NotAcceptable".into(),
-            message: format!(
-                "{}: Table rendering (as=Table)",
-                crate::error::NOT_IMPLEMENTED
-            ),
-            details: None,
-        });
-    }
-    if accept.contains("protobuf") && !accept.contains("json") && !accept.contains("*/*") {
-        return Err(ApiError {
-            code: 406,
-            reason: "NotAcceptable".into(),
-            message: "only the following media types are accepted: application/json".into(),
-            details: None,
-        });
-    }
-    Ok(accept.contains("as=PartialObjectMetadata"))
 }
 
 fn verb_of(method: &Method, name: bool, watch: bool) -> &'static str {
@@ -387,9 +383,13 @@ fn dispatch(
             ))
         }
         ("get", Some(n)) => {
-            let meta_only = metadata_only(headers)?;
+            let output = negotiate(headers, &q)?;
             let obj = sh.lock()?.get(&rt, ns_ref.unwrap_or(""), n)?;
-            Ok(json_response(200, &render(&obj, meta_only), &[]))
+            Ok(json_response(
+                200,
+                &render_one(&rt, &obj, output, true),
+                &[],
+            ))
         }
         ("update", Some(n)) => {
             let obj = json_body(headers, &body)?;
@@ -552,7 +552,7 @@ fn list(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let meta_only = metadata_only(headers)?;
+    let output = negotiate(headers, q)?;
     let exact = check_list_params(q)?;
     let rv = parse_rv(q)?;
     if q.get("resourceVersionMatch").is_some_and(|m| !m.is_empty()) && rv.is_none() {
@@ -562,15 +562,24 @@ fn list(
     }
     let sel = selectors(rt, q)?;
     let (items, list_rv) = sh.lock()?.list(rt, ns, &sel, rv, exact)?;
-    let items: Vec<Value> = items.iter().map(|o| render(o, meta_only)).collect();
-    let (kind, api_version) = if meta_only {
-        (
+    let (kind, api_version) = match output {
+        Output::Table(opts) => {
+            return Ok(json_response(
+                200,
+                &table(rt, &items, opts, true, Some(list_rv.to_string())),
+                &[],
+            ));
+        }
+        Output::Metadata => (
             "PartialObjectMetadataList".to_string(),
             "meta.k8s.io/v1".to_string(),
-        )
-    } else {
-        (format!("{}List", rt.kind), rt.api_version())
+        ),
+        Output::Full => (format!("{}List", rt.kind), rt.api_version()),
     };
+    let items: Vec<Value> = items
+        .iter()
+        .map(|o| render_one(rt, o, output, true))
+        .collect();
     Ok(json_response(
         200,
         &json!({"kind": kind, "apiVersion": api_version,
@@ -586,7 +595,7 @@ fn start_watch(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let meta_only = metadata_only(headers)?;
+    let output = negotiate(headers, q)?;
     let rv = parse_rv(q)?;
     let sel = selectors(rt, q)?;
     let send_initial = flag(q, "sendInitialEvents");
@@ -619,7 +628,7 @@ fn start_watch(
         rt: rt.clone(),
         ns: ns.map(String::from),
         sel,
-        metadata_only: meta_only,
+        output,
     };
     let body = watch::spawn(sh.store.clone(), start, filter, params);
     let mut resp = Response::new(body);
@@ -690,6 +699,11 @@ fn discovery(sh: &Arc<Shared>, route: Route) -> Result<Response, ApiError> {
             let gv = if g.is_empty() { v } else { format!("{g}/{v}") };
             json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
         }
+        Route::OpenApiIndex => crate::openapi::index(&types),
+        Route::OpenApiDoc(g, v) => match crate::openapi::document(&types, &g, &v) {
+            Some(doc) => doc,
+            None => return Err(ApiError::no_route(&format!("/openapi/v3/{g}/{v}"))),
+        },
         Route::Resource { .. } => return Err(ApiError::no_route("resource")),
     };
     Ok(json_response(200, &body, &[]))

@@ -14,7 +14,7 @@ use crate::error::{ApiError, FieldError};
 use crate::schema;
 use crate::selector::Selectors;
 use crate::stats::Stats;
-use crate::types::{KindHooks, ResourceType, StorageKey, builtins};
+use crate::types::{KindHooks, PrinterColumn, ResourceType, StorageKey, builtins};
 use crate::validation::{LABEL_MSG, SUBDOMAIN_MSG, is_dns1123_label, is_dns1123_subdomain};
 
 /// Kind of a stored change.
@@ -1471,8 +1471,13 @@ impl Default for Store {
     }
 }
 
+/// Secret defaulting and `stringData` folding: `stringData` entries are base64-encoded
+/// into `data`, and `type` defaults to `Opaque` (kube-apiserver's `SetDefaults_Secret`).
 fn fold_string_data(obj: &mut Value) {
     let Value::Object(root) = obj else { return };
+    if root.get("type").is_none_or(|t| t.is_null() || t == "") {
+        root.insert("type".into(), json!("Opaque"));
+    }
     let Some(Value::Object(sd)) = root.remove("stringData") else {
         return;
     };
@@ -1484,7 +1489,6 @@ fn fold_string_data(obj: &mut Value) {
             }
         }
     }
-    root.entry("type").or_insert(json!("Opaque"));
 }
 
 fn validate_pod_spec(rt: &ResourceType, obj: &Value, name: &str) -> Result<(), ApiError> {
@@ -1690,6 +1694,19 @@ fn crd_types(crd: &Value, name: &str) -> Result<Vec<ResourceType>, ApiError> {
             && schema.to_string().contains("x-kubernetes-validations")
         {
             tracing::warn!(%name, "x-kubernetes-validations (CEL) rules are not evaluated by the API server stand-in");
+        }
+        rt.printer_columns = v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(PrinterColumn::from_crd).collect())
+            .unwrap_or_default();
+        if rt.printer_columns.is_empty() {
+            // the CRD defaulting of kube-apiserver
+            rt.printer_columns = vec![PrinterColumn::new(
+                "Age",
+                "date",
+                ".metadata.creationTimestamp",
+            )];
         }
         rt.field_selectors = v
             .get("selectableFields")

@@ -53,6 +53,69 @@ pub struct ResourceType {
     pub strategic_merge: bool,
     /// Special per-kind behaviour.
     pub hooks: KindHooks,
+    /// Server-side printing columns (`kubectl get`) after NAME: a CRD version's
+    /// `additionalPrinterColumns` (defaulted to an `Age` column, as kube-apiserver does).
+    /// Empty for built-in kinds (their columns are built in) and for kinds registered
+    /// without columns (kube-apiserver's default table: NAME, CREATED AT).
+    pub printer_columns: Vec<PrinterColumn>,
+}
+
+/// One `additionalPrinterColumns` entry of a CRD version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterColumn {
+    /// Column header (`Capacity`); kubectl prints it upper-cased.
+    pub name: String,
+    /// OpenAPI type: `integer`, `number`, `string`, `boolean` or `date` (rendered as an
+    /// age such as `5m`).
+    pub column_type: String,
+    /// OpenAPI format (`name` marks the name column).
+    pub format: String,
+    /// Description.
+    pub description: String,
+    /// 0: shown by `kubectl get`; above 0: only by `kubectl get -o wide`.
+    pub priority: i64,
+    /// Simple JSONPath into the object (`.spec.capacity`, `.status.nodes[0]`).
+    pub json_path: String,
+}
+
+impl PrinterColumn {
+    /// A priority-0 column without format or description.
+    pub fn new(
+        name: impl Into<String>,
+        column_type: impl Into<String>,
+        json_path: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            column_type: column_type.into(),
+            format: String::new(),
+            description: String::new(),
+            priority: 0,
+            json_path: json_path.into(),
+        }
+    }
+
+    /// Parses one `additionalPrinterColumns` entry of a CRD (`None` without name or path).
+    pub fn from_crd(v: &Value) -> Option<Self> {
+        let s = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (name, json_path) = (s("name"), s("jsonPath"));
+        if name.is_empty() || json_path.is_empty() {
+            return None;
+        }
+        Some(Self {
+            name,
+            column_type: s("type"),
+            format: s("format"),
+            description: s("description"),
+            priority: v.get("priority").and_then(Value::as_i64).unwrap_or(0),
+            json_path,
+        })
+    }
 }
 
 impl ResourceType {
@@ -81,6 +144,7 @@ impl ResourceType {
             create_resets_status: false,
             strategic_merge: false,
             hooks: KindHooks::Generic,
+            printer_columns: Vec::new(),
         }
     }
 

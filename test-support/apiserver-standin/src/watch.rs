@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::selector::Selectors;
 use crate::store::{EventType, Store, StoredEvent, WatchStart, meta_str};
+use crate::table::{Output, render_one};
 use crate::types::ResourceType;
 
 /// Which events a watch delivers and how objects are rendered.
@@ -23,8 +24,8 @@ pub struct WatchFilter {
     pub ns: Option<String>,
     /// Label / field selectors.
     pub sel: Selectors,
-    /// Render `PartialObjectMetadata` instead of full objects.
-    pub metadata_only: bool,
+    /// Full objects, `PartialObjectMetadata` or one-row `Table`s.
+    pub output: Output,
 }
 
 /// Watch request parameters.
@@ -66,13 +67,14 @@ impl WatchFilter {
         self.in_scope(obj) && self.sel.matches(obj)
     }
 
-    /// Converts a stored event into what this watcher sees (if anything).
+    /// Converts a stored event into what this watcher sees (if anything), presented in
+    /// the watched version (not yet rendered: see [`Renderer`]).
     pub fn convert(&self, ev: &StoredEvent) -> Option<(&'static str, Value)> {
         if ev.key != self.rt.storage_key() {
             return None;
         }
         let cur = self.passes(&ev.object);
-        let present = |o: &Value| render(&Store::present(&self.rt, o), self.metadata_only);
+        let present = |o: &Value| Store::present(&self.rt, o);
         match ev.etype {
             EventType::Added => cur.then(|| ("ADDED", present(&ev.object))),
             EventType::Deleted => cur.then(|| ("DELETED", present(&ev.object))),
@@ -93,6 +95,22 @@ impl WatchFilter {
                 }
             }
         }
+    }
+}
+
+/// Renders watched objects; a Table watch carries the column definitions in its first
+/// event only, as kube-apiserver does.
+struct Renderer {
+    rt: ResourceType,
+    output: Output,
+    headers: bool,
+}
+
+impl Renderer {
+    fn line(&mut self, etype: &str, obj: &Value) -> Bytes {
+        let v = render_one(&self.rt, obj, self.output, self.headers);
+        self.headers = false;
+        line(etype, &v)
     }
 }
 
@@ -150,14 +168,19 @@ async fn run(
         start_rv,
     } = start;
     let mut last_rv = start_rv;
+    let mut out = Renderer {
+        rt: filter.rt.clone(),
+        output: filter.output,
+        headers: true,
+    };
     for obj in &initial {
-        if !send(&tx, line("ADDED", &render(obj, filter.metadata_only))).await {
+        if !send(&tx, out.line("ADDED", obj)).await {
             return;
         }
     }
     for ev in &replay {
         if let Some((t, o)) = filter.convert(ev)
-            && !send(&tx, line(t, &o)).await
+            && !send(&tx, out.line(t, &o)).await
         {
             return;
         }
@@ -176,7 +199,7 @@ async fn run(
                 let Some(ev) = ev else { break };
                 last_rv = last_rv.max(ev.rv);
                 if let Some((t, o)) = filter.convert(&ev)
-                    && !send(&tx, line(t, &o)).await
+                    && !send(&tx, out.line(t, &o)).await
                 {
                     break;
                 }
@@ -192,7 +215,7 @@ async fn run(
                         Ok(ev) => {
                             last_rv = last_rv.max(ev.rv);
                             if let Some((t, o)) = filter.convert(&ev)
-                                && !send(&tx, line(t, &o)).await
+                                && !send(&tx, out.line(t, &o)).await
                             {
                                 closed = true;
                                 break;

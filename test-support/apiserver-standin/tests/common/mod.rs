@@ -46,18 +46,33 @@ pub async fn raw(
     content_type: Option<&str>,
     body: &str,
 ) -> Raw {
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|ct| vec![("Content-Type", ct)])
+        .unwrap_or_default();
+    raw_with(server, method, path, &headers, body.as_bytes()).await
+}
+
+/// [`raw`] with arbitrary request headers and a binary body.
+pub async fn raw_with(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Raw {
     let addr = server.url().trim_start_matches("http://").to_string();
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
-    if let Some(ct) = content_type {
-        req.push_str(&format!("Content-Type: {ct}\r\n"));
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).await.unwrap();
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    s.write_all(&bytes).await.unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.unwrap();
     let text = String::from_utf8(buf).unwrap();
