@@ -86,6 +86,9 @@ pub struct AgentConfig {
     /// What `/readyz` reports: the Configurations read and applied, the
     /// slot ledger recovered, every device plugin registered with kubelet.
     pub readiness: steward_nodeio::Readiness,
+    /// How long to wait at start for the node store while another agent
+    /// (a previous one still stopping) holds it.
+    pub store_wait: Duration,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -132,6 +135,7 @@ impl AgentConfig {
             device_plugins: None,
             pod_resources: None,
             readiness: steward_nodeio::Readiness::new(),
+            store_wait: Duration::from_secs(60),
         }
     }
 

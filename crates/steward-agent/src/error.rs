@@ -36,6 +36,10 @@ pub enum AgentError {
 pub enum StateError {
     #[error("opening {path}: {message}")]
     Open { path: PathBuf, message: String },
+    /// Another open handle holds the store: a previous agent still stopping
+    /// (a DaemonSet rollout overlapping two pods on one node).
+    #[error("{path} is held by another steward agent (still stopping?)")]
+    Busy { path: PathBuf },
     #[error("{op}: {message}")]
     Db { op: &'static str, message: String },
     #[error("encoding {what}: {source}")]

@@ -52,7 +52,7 @@ pub async fn run(
             source,
         })?;
     }
-    let state = NodeStore::open(&cfg.state_dir)?;
+    let state = NodeStore::open_waiting(&cfg.state_dir, cfg.store_wait).await?;
     let metrics = cfg.metrics.clone().unwrap_or_default();
 
     let stop = CancellationToken::new();

@@ -43,9 +43,12 @@ impl NodeStore {
     /// Open (or create) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StateError> {
         let path = dir.join(STATE_FILE);
-        let db = Database::create(&path).map_err(|e| StateError::Open {
-            path: path.clone(),
-            message: e.to_string(),
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StateError::Busy { path: path.clone() },
+            e => StateError::Open {
+                path: path.clone(),
+                message: e.to_string(),
+            },
         })?;
         let txn = db
             .begin_write()
@@ -59,6 +62,31 @@ impl NodeStore {
             db: Arc::new(db),
             path,
         })
+    }
+
+    /// Like [`NodeStore::open`], but while another handle holds the store
+    /// (a previous agent still stopping) waits, up to `max_wait`, instead of
+    /// failing at once.
+    pub async fn open_waiting(
+        dir: &Path,
+        max_wait: std::time::Duration,
+    ) -> Result<Self, StateError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let mut pause = std::time::Duration::from_millis(20);
+        let mut warned = false;
+        loop {
+            match Self::open(dir) {
+                Err(StateError::Busy { path }) if tokio::time::Instant::now() < deadline => {
+                    if !warned {
+                        tracing::warn!(path = %path.display(), ?max_wait, "the node store is held by another steward agent; waiting for it to stop");
+                        warned = true;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Path of the store file.
@@ -270,6 +298,25 @@ fn instance_key(namespace: &str, name: &str) -> String {
 mod tests {
     use super::*;
     use steward_core::discovery::Endpoint;
+
+    #[tokio::test]
+    async fn a_held_store_is_waited_for_then_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = NodeStore::open(dir.path()).unwrap();
+        // Held for longer than the wait: a clear Busy error.
+        let err = NodeStore::open_waiting(dir.path(), std::time::Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StateError::Busy { .. }), "{err}");
+        // Released while waiting: opened.
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            drop(held);
+        });
+        let opened = NodeStore::open_waiting(dir.path(), std::time::Duration::from_secs(10)).await;
+        release.await.unwrap();
+        assert!(opened.is_ok(), "{:?}", opened.err());
+    }
 
     #[test]
     fn registrations_survive_reopen() {

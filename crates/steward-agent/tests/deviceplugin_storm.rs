@@ -189,6 +189,7 @@ async fn kubelet_restart_mid_storm_reregisters_within_a_second() {
             .await
             .unwrap();
         let took = t.elapsed();
+        println!("kubelet restart round {round}: plugin registered again after {took:?}");
         assert!(
             took < Duration::from_secs(1),
             "round {round}: re-registered after {took:?}"
