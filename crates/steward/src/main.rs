@@ -55,6 +55,9 @@ enum Command {
     /// Follow changes of what steward manages, one line per event.
     #[command(subcommand)]
     Watch(cli::Watch),
+    /// Show one object in detail.
+    #[command(subcommand)]
+    Describe(cli::Describe),
 }
 
 #[derive(Debug, clap::Args)]
@@ -116,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
         Command::Get(cmd) => runtime()?.block_on(cli::get(cmd)),
         Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),
+        Command::Describe(cmd) => runtime()?.block_on(cli::describe(cmd)),
     }
 }
 

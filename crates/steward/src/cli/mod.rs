@@ -1,14 +1,26 @@
-//! The operator CLI: `steward get …` and `steward watch …`, kubectl-like.
+//! The operator CLI: `steward get …`, `steward watch …` and `steward
+//! describe …`, kubectl-like.
+//!
+//! `assignments` read the node's pod resources socket; `instances`,
+//! `claims`, `slots` and `describe instance` read the cluster like kubectl
+//! (`--kubeconfig`, `--context`, `-n`, `-A`; see [`cluster`]).
 //!
 //! Errors are one line on stderr and exit code 1 (clap's usage errors: 2),
 //! so scripts can rely on them.
 
 mod assignments;
+mod claims;
+mod cluster;
+mod describe;
+mod instances;
 mod output;
+mod quiet;
+mod slots;
 
 use std::path::PathBuf;
 
 use clap::{Subcommand, ValueEnum};
+use tracing::instrument::WithSubscriber;
 
 /// Where steward serves the pod resources API by default: beside kubelet's
 /// own socket, in the directory monitoring agents already mount.
@@ -31,6 +43,15 @@ pub enum Get {
     /// What every pod holds on this node: devices, CPUs, memory, NUMA nodes
     /// (from steward's pod resources socket, or kubelet's).
     Assignments(assignments::GetArgs),
+    /// The Instances (discovered devices) with their capacity, held slots and nodes.
+    #[command(visible_alias = "instance", alias = "sinst")]
+    Instances(instances::GetArgs),
+    /// The SlotClaims: each claimed slot with its node, pod and state.
+    #[command(visible_alias = "claim", alias = "slotclaims", alias = "sclaim")]
+    Claims(claims::GetArgs),
+    /// Every slot of every Instance and who holds it.
+    #[command(visible_alias = "slot")]
+    Slots(slots::GetArgs),
 }
 
 /// `steward watch`.
@@ -43,6 +64,32 @@ pub enum Watch {
 pub async fn get(cmd: Get) -> anyhow::Result<()> {
     match cmd {
         Get::Assignments(args) => assignments::get(args).await,
+        Get::Instances(args) => {
+            instances::get(args)
+                .with_subscriber(quiet::dispatch())
+                .await
+        }
+        Get::Claims(args) => claims::get(args).with_subscriber(quiet::dispatch()).await,
+        Get::Slots(args) => slots::get(args).with_subscriber(quiet::dispatch()).await,
+    }
+}
+
+/// `steward describe`.
+#[derive(Debug, Subcommand)]
+pub enum Describe {
+    /// One Instance: metadata, Configuration, nodes, properties, and every
+    /// slot with who holds it since when.
+    #[command(visible_alias = "instances", alias = "sinst")]
+    Instance(describe::InstanceArgs),
+}
+
+pub async fn describe(cmd: Describe) -> anyhow::Result<()> {
+    match cmd {
+        Describe::Instance(args) => {
+            describe::instance(args)
+                .with_subscriber(quiet::dispatch())
+                .await
+        }
     }
 }
 

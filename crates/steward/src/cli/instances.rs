@@ -1,0 +1,164 @@
+//! `steward get instances`: the Instances of a namespace (or all), with how
+//! many of their slots are held (from the SlotClaims).
+
+use steward_api::Instance;
+
+use super::Format;
+use super::cluster::{
+    Cluster, ClusterArgs, List, ScopeArgs, Snapshot, age, created_ms, list_or_none, nothing_found,
+    now_ms, structured,
+};
+use super::output::table;
+
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    scope: ScopeArgs,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    output: Format,
+}
+
+const HEADERS: [&str; 6] = ["NAME", "CONFIGURATION", "CAPACITY", "HELD", "NODES", "AGE"];
+const WIDE: [&str; 3] = ["SHARED", "PROPERTIES", "DEVICE"];
+
+/// The header line: NAMESPACE with `-A`, the wide columns after AGE.
+fn headers(all_namespaces: bool, wide: bool) -> Vec<&'static str> {
+    let mut h = Vec::new();
+    if all_namespaces {
+        h.push("NAMESPACE");
+    }
+    h.extend(HEADERS);
+    if wide {
+        h.extend(WIDE);
+    }
+    h
+}
+
+fn row(snap: &Snapshot, i: &Instance, all_namespaces: bool, wide: bool, now: i64) -> Vec<String> {
+    let mut r = Vec::new();
+    if all_namespaces {
+        r.push(i.metadata.namespace.clone().unwrap_or_default());
+    }
+    r.extend([
+        i.metadata.name.clone().unwrap_or_default(),
+        i.spec.configuration_name.clone(),
+        i.spec.capacity.to_string(),
+        snap.held(i).to_string(),
+        list_or_none(&i.spec.nodes),
+        age(created_ms(i), now),
+    ]);
+    if wide {
+        r.extend([
+            i.spec.shared.to_string(),
+            i.spec.properties.len().to_string(),
+            i.spec.device_id.clone(),
+        ]);
+    }
+    r
+}
+
+/// The table for a snapshot.
+pub fn render(snap: &Snapshot, all_namespaces: bool, wide: bool, now: i64) -> String {
+    let rows: Vec<Vec<String>> = snap
+        .instances
+        .iter()
+        .map(|i| row(snap, i, all_namespaces, wide, now))
+        .collect();
+    table(&headers(all_namespaces, wide), &rows)
+}
+
+pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(&args.cluster).await?;
+    let text = match args.output {
+        Format::Table | Format::Wide => {
+            let snap = Snapshot::read(&cluster, &args.scope).await?;
+            if snap.instances.is_empty() {
+                nothing_found(&cluster, &args.scope);
+                return Ok(());
+            }
+            render(
+                &snap,
+                args.scope.all_namespaces,
+                args.output == Format::Wide,
+                now_ms(),
+            )
+        }
+        Format::Json | Format::Yaml => {
+            let mut items: Vec<Instance> = cluster.list(&args.scope).await?;
+            items.sort_by_key(super::cluster::key);
+            structured(&List::new(&items), args.output == Format::Json)?
+        }
+    };
+    print!("{text}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cluster::by_instance;
+    use super::super::cluster::fixtures::{claim, instance};
+    use super::*;
+
+    #[test]
+    fn held_counts_claims_of_the_instances_slots_only() {
+        let now = 1_700_000_100_000;
+        let snap = Snapshot {
+            instances: vec![
+                instance("default", "cam-a", 2, &["node-a", "node-b"]),
+                instance("default", "cam-b", 1, &[]),
+            ],
+            claims: by_instance(vec![
+                claim("default", "cam-a", 1, Some("apps/web")),
+                // beyond capacity: not one of cam-b's slots
+                claim("default", "cam-b", 3, None),
+                // another namespace's instance of the same name
+                claim("other", "cam-b", 0, None),
+            ]),
+        };
+        let t = render(&snap, false, false, now);
+        assert_eq!(
+            t,
+            "NAME    CONFIGURATION   CAPACITY   HELD   NODES           AGE\n\
+             cam-a   cams            2          1      node-a,node-b   100s\n\
+             cam-b   cams            1          0      <none>          100s\n"
+        );
+        let wide = render(&snap, true, true, now);
+        let lines: Vec<Vec<&str>> = wide
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[0],
+            [
+                "NAMESPACE",
+                "NAME",
+                "CONFIGURATION",
+                "CAPACITY",
+                "HELD",
+                "NODES",
+                "AGE",
+                "SHARED",
+                "PROPERTIES",
+                "DEVICE"
+            ]
+        );
+        assert_eq!(
+            lines[1],
+            [
+                "default",
+                "cam-a",
+                "cams",
+                "2",
+                "1",
+                "node-a,node-b",
+                "100s",
+                "false",
+                "2",
+                "dev-cam-a"
+            ]
+        );
+    }
+}
