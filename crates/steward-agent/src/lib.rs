@@ -13,6 +13,7 @@ mod controller;
 pub mod deviceplugin;
 mod discovery;
 mod error;
+pub mod events;
 pub mod metrics;
 mod nodes;
 pub mod pod_resources;
@@ -88,11 +89,14 @@ pub async fn run(
     let mut plugins = None;
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
+            let (events, events_task) = events::EventSink::start(client.clone(), &cfg.node_name);
+            background.push(events_task);
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
             if let Some(dp) = &cfg.device_plugins {
                 plugins = Some(AbortOnDropHandle::new(tokio::spawn(device_plugins(
                     &cfg,
+                    events.clone(),
                     dp.clone(),
                     client.clone(),
                     state.clone(),
@@ -106,7 +110,7 @@ pub async fn run(
                     client.clone(),
                     cfg.node_name.clone(),
                 )),
-                Some(KubeInstanceStore::new(client.clone())),
+                Some(KubeInstanceStore::new(client.clone()).with_events(events)),
             )
         }
         Mode::Standalone {
@@ -171,6 +175,7 @@ pub async fn run(
 /// The device plugins of this node, with the claim stores they use.
 fn device_plugins(
     cfg: &AgentConfig,
+    events: events::EventSink,
     dp: deviceplugin::DevicePluginConfig,
     client: kube::Client,
     state: NodeStore,
@@ -189,6 +194,7 @@ fn device_plugins(
         directory: Some(directory),
         view,
         readiness: cfg.readiness.clone(),
+        events: Some(events),
     };
     let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
     async move {

@@ -133,6 +133,8 @@ pub(crate) struct Core<L, C> {
     /// Poked whenever the state is locked (a possible change), for the
     /// node view's publisher (`view.rs`); permits coalesce.
     changed: Arc<tokio::sync::Notify>,
+    /// Events on the Instances (slot released, claim conflict), if any.
+    events: Option<crate::events::EventSink>,
 }
 
 /// Refuses ids that are not slots of `instance` (another Instance's slot
@@ -207,8 +209,23 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
             cdi,
             followup,
             changed: Arc::new(tokio::sync::Notify::new()),
+            events: None,
         };
         (core, rx)
+    }
+
+    /// Emit Kubernetes Events on the Instances through `events`.
+    pub fn with_events(mut self, events: Option<crate::events::EventSink>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The namespace and name of the Instance `slot` belongs to, if served.
+    fn instance_of(st: &State, slot: &str) -> Option<(String, String)> {
+        let (name, _) = slot.rsplit_once('-')?;
+        st.instances
+            .get(name)
+            .map(|i| (i.namespace.clone(), i.name.clone()))
     }
 
     pub async fn lock(&self) -> MutexGuard<'_, State> {
@@ -269,6 +286,19 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
                             Ok(ClaimWrite::Written) => {}
                             Ok(ClaimWrite::HeldByOtherNode { node }) => {
                                 tracing::warn!(%slot, holder = %node, "cluster claim refused: another node holds the slot");
+                                if let (Some(ev), Some((ns, name))) =
+                                    (&self.events, Self::instance_of(st, &slot))
+                                {
+                                    ev.instance_warning(
+                                        &ns,
+                                        &name,
+                                        "ClaimConflict",
+                                        format!(
+                                            "slot {slot} is held by node {node}; node {} does not use it",
+                                            self.node
+                                        ),
+                                    );
+                                }
                                 let other = Claim {
                                     node,
                                     epoch: 0,
@@ -315,7 +345,21 @@ impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
                             .await;
                         self.note("cluster", "delete", &r);
                         match r {
-                            Ok(()) => {}
+                            Ok(()) => {
+                                if let (Some(ev), Some((ns, name))) =
+                                    (&self.events, Self::instance_of(st, &slot))
+                                {
+                                    ev.instance_normal(
+                                        &ns,
+                                        &name,
+                                        "SlotReleased",
+                                        format!(
+                                            "slot {slot} released on node {}: free for the next pod",
+                                            self.node
+                                        ),
+                                    );
+                                }
+                            }
                             Err(ClaimError::Unreachable(m)) => {
                                 tracing::warn!(%slot, error = %m, "API server unreachable; slot release queued");
                                 cluster_down = true;

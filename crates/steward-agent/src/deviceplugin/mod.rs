@@ -129,6 +129,8 @@ pub struct DevicePluginParts<L, C> {
     /// `device-plugins` (ledger recovered, plugins started) and one
     /// `device-plugin/<instance>` per plugin (registered with kubelet).
     pub readiness: steward_nodeio::Readiness,
+    /// Kubernetes Events on the Instances (slot released, claim conflict).
+    pub events: Option<crate::events::EventSink>,
 }
 
 struct Running {
@@ -155,6 +157,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         directory,
         view,
         readiness,
+        events,
     } = parts;
     readiness.not_ready("device-plugins", "recovering the slot ledger");
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
@@ -175,7 +178,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         config.op_timeout,
         config.cdi_dir.is_some(),
     );
-    let core = Arc::new(core);
+    let core = Arc::new(core.with_events(events));
     let podres = PodResourcesClient::new(&config.pod_resources_socket, config.op_timeout);
 
     let initial = watch::recovery_input(&client, &node, &podres, &core, directory.as_ref()).await;

@@ -19,11 +19,21 @@ use crate::error::StoreError;
 #[derive(Clone)]
 pub struct KubeInstanceStore {
     client: kube::Client,
+    events: Option<crate::events::EventSink>,
 }
 
 impl KubeInstanceStore {
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            events: None,
+        }
+    }
+
+    /// Emit a `Discovered` Event on each Instance this store creates.
+    pub fn with_events(mut self, events: crate::events::EventSink) -> Self {
+        self.events = Some(events);
+        self
     }
 
     fn api(&self, namespace: &str) -> Api<Instance> {
@@ -155,6 +165,17 @@ impl InstanceStore for KubeInstanceStore {
                     .create(&PostParams::default(), &inst)
                     .await
                     .map_err(|e| api_err("create", name, e))?;
+                if let Some(ev) = &self.events {
+                    ev.instance_normal(
+                        ns,
+                        name,
+                        "Discovered",
+                        format!(
+                            "device found by Configuration {} on node {node} ({capacity} slots)",
+                            inst.spec.configuration_name
+                        ),
+                    );
+                }
                 Ok(true)
             }
             InstanceOp::AddNode { name, node } => {
