@@ -173,6 +173,7 @@ pub async fn run(
 }
 
 /// The device plugins of this node, with the claim stores they use.
+#[allow(clippy::too_many_arguments)]
 fn device_plugins(
     cfg: &AgentConfig,
     events: events::EventSink,
