@@ -40,7 +40,10 @@ async fn instances_carry_discovered_and_slot_released_events() {
     let slot = slot_of(&s.node.kubelet, &p.uid, &s.res).unwrap();
     wait_bound(&s.server, &slot, &p.uid).await;
     assert!(
-        !reasons_about(&s).await.iter().any(|(r, _)| r == "SlotReleased"),
+        !reasons_about(&s)
+            .await
+            .iter()
+            .any(|(r, _)| r == "SlotReleased"),
         "nothing released yet"
     );
     s.node.kubelet.delete_pod(&p.uid).await.unwrap();

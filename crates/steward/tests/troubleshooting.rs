@@ -32,7 +32,11 @@ fn corpus() -> String {
             p.extension().is_some_and(|e| e == "rs")
         });
     }
-    walk(&root().join("deploy/helm/steward/templates"), &mut out, &|_| true);
+    walk(
+        &root().join("deploy/helm/steward/templates"),
+        &mut out,
+        &|_| true,
+    );
     out
 }
 
@@ -40,10 +44,7 @@ fn corpus() -> String {
 fn every_quoted_message_exists_in_the_code() {
     let page = std::fs::read_to_string(root().join("docs/TROUBLESHOOTING.md")).unwrap();
     let code = corpus();
-    let quoted: Vec<&str> = page
-        .lines()
-        .filter_map(|l| l.strip_prefix("> "))
-        .collect();
+    let quoted: Vec<&str> = page.lines().filter_map(|l| l.strip_prefix("> ")).collect();
     assert!(quoted.len() >= 15, "only {} messages quoted", quoted.len());
     let mut missing = Vec::new();
     for message in &quoted {
