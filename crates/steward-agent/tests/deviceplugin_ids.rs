@@ -1,6 +1,7 @@
-//! A plugin refuses device ids that are not its own slots, and ids named
-//! twice: dialled over its socket as a kubelet written apart from the
-//! project would, nothing is claimed and a later valid Allocate still works.
+//! A plugin refuses device ids that are not its own slots, ids named twice
+//! and oversized requests: dialled over its socket as a kubelet written
+//! apart from the project would, nothing is claimed and a later valid
+//! Allocate still works.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dp;
@@ -71,6 +72,22 @@ async fn foreign_and_duplicate_ids_are_refused_and_claim_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(claim_of(&s.server, &other_slot).await.is_none());
     assert!(claim_of(&s.server, &own).await.is_none());
+
+    // An oversized request (over the explicit 4 MiB limit) is refused by
+    // the server before any of it is looked at.
+    let huge: Vec<String> = (0..100_000)
+        .map(|i| format!("{}-{i:0>40}", s.instance))
+        .collect();
+    let huge_refs: Vec<&str> = huge.iter().map(String::as_str).collect();
+    let err = plugin
+        .allocate(request(&[huge_refs.as_slice()]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    assert!(
+        claim_of(&s.server, &own).await.is_none(),
+        "nothing claimed by the oversized call"
+    );
 
     // A valid Allocate still works and claims its slot.
     let ok = plugin

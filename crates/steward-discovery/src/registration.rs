@@ -171,7 +171,11 @@ pub async fn serve(
     let (listener, guard) = uds::bind(&socket, SOCKET_MODE)?;
     tracing::info!(socket = %socket.display(), "serving discovery handler registration");
     let result = tonic::transport::Server::builder()
-        .add_service(RegistrationServer::new(RegistrationService { tx }))
+        .add_service(
+            RegistrationServer::new(RegistrationService { tx })
+                .max_decoding_message_size(crate::client::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::client::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(listener, shutdown)
         .await;
     drop(guard);

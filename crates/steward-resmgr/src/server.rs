@@ -120,6 +120,10 @@ impl hyper::service::Service<http::Request<Incoming>> for Router {
     }
 }
 
+/// Largest CRI message the proxy decodes or encodes itself: kubelet's own
+/// CRI limit (16 MiB). Relayed calls pass through; the runtime limits them.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Decode a unary request, run `handler`, encode its answer.
 async fn unary<Req, Resp, F, Fut>(req: http::Request<Incoming>, handler: F) -> http::Response<Body>
 where
@@ -133,7 +137,9 @@ where
         async move { handler(r.into_inner()).await.map(tonic::Response::new) }
     });
     let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
-    let mut grpc = tonic::server::Grpc::new(codec);
+    let mut grpc = tonic::server::Grpc::new(codec)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     grpc.unary(svc, req).await
 }
 

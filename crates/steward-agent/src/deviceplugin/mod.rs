@@ -50,7 +50,7 @@ pub use self::core::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
 pub use self::instance::{NUMA_PROPERTY, ServedInstance};
 pub use self::metrics::DevicePluginMetrics;
 pub use self::names::{env_name, resource_name, socket_name};
-pub use self::plugin::OPTIONS;
+pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
 
 use self::core::Core;

@@ -34,6 +34,10 @@ pub const OPTIONS: DevicePluginOptions = DevicePluginOptions {
     get_preferred_allocation_available: true,
 };
 
+/// Largest device-plugin message decoded or encoded: gRPC's default
+/// (4 MiB), what kubelet's client uses, set explicitly.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Mode of a plugin's socket: only kubelet (root) connects.
 const SOCKET_MODE: u32 = 0o600;
 /// Longest pause between two attempts to bind the plugin socket.
@@ -236,7 +240,11 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
         let shutdown = generation_stop.clone().cancelled_owned();
         let server = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
-                .add_service(DevicePluginServer::new(service))
+                .add_service(
+                    DevicePluginServer::new(service)
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
                 .serve_with_incoming_shutdown(UnixIncoming::new(listener), shutdown)
                 .await;
             if let Err(e) = served {
