@@ -1,6 +1,6 @@
 //! Kubernetes Events on Instances, as `kubectl describe instance` shows
 //! them: `Discovered` when the agent creates one, `SlotReleased` when a
-//! pod's slot is freed.
+//! pod's slot is freed, `DeviceLost` when the node no longer sees it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dp;
@@ -26,7 +26,7 @@ async fn reasons_about(s: &Single) -> Vec<(String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn instances_carry_discovered_and_slot_released_events() {
+async fn instances_carry_discovered_released_and_lost_events() {
     let mut s = Single::start(1).await;
     eventually("a Discovered event", WAIT, || async {
         reasons_about(&s)
@@ -56,5 +56,24 @@ async fn instances_carry_discovered_and_slot_released_events() {
     })
     .await;
     assert!(note.contains(&slot), "{note}");
+
+    // The device goes away (the handler no longer reports it): DeviceLost.
+    let api: kube::Api<steward_api::Configuration> = kube::Api::namespaced(s.server.client(), NS);
+    steward_testing_apiserver::client::replace_with_retry(&api, "cams", |c| {
+        c.spec.discovery_handler.details = echo_details(&["another-cam"]);
+    })
+    .await
+    .unwrap();
+    let (_, note) = eventually("a DeviceLost event", WAIT, || async {
+        reasons_about(&s)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == "DeviceLost")
+    })
+    .await;
+    assert!(
+        note.contains("node node-a no longer sees the device"),
+        "{note}"
+    );
     s.agent.take().unwrap().stop().await.unwrap();
 }

@@ -199,11 +199,29 @@ impl InstanceStore for KubeInstanceStore {
                     return Ok(false);
                 }
                 let nodes = without(&inst.spec.nodes.iter().cloned().collect(), node);
-                if nodes.is_empty() {
-                    return self.delete(ns, name, &inst).await;
+                let done = if nodes.is_empty() {
+                    self.delete(ns, name, &inst).await?
+                } else {
+                    inst.spec.set_nodes(&nodes);
+                    self.replace(ns, name, &inst).await?
+                };
+                if done && let Some(ev) = &self.events {
+                    let rest = if nodes.is_empty() {
+                        "no node sees it any more; the Instance is removed".to_owned()
+                    } else {
+                        format!(
+                            "still seen by {}",
+                            nodes.iter().cloned().collect::<Vec<_>>().join(", ")
+                        )
+                    };
+                    ev.instance_warning(
+                        ns,
+                        name,
+                        "DeviceLost",
+                        format!("node {node} no longer sees the device; {rest}"),
+                    );
                 }
-                inst.spec.set_nodes(&nodes);
-                self.replace(ns, name, &inst).await
+                Ok(done)
             }
             InstanceOp::UpdateDevice { name, device } => {
                 let mut inst = self
@@ -234,7 +252,19 @@ impl InstanceStore for KubeInstanceStore {
                 if inst.spec.nodes.iter().any(|n| n != cx.node) {
                     return Err(conflict(name, "another node joined before the delete"));
                 }
-                self.delete(ns, name, &inst).await
+                let done = self.delete(ns, name, &inst).await?;
+                if done && let Some(ev) = &self.events {
+                    ev.instance_warning(
+                        ns,
+                        name,
+                        "DeviceLost",
+                        format!(
+                            "node {} no longer sees the device; no node does, the Instance is removed",
+                            cx.node
+                        ),
+                    );
+                }
+                Ok(done)
             }
         }
     }
