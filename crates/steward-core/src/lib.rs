@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod discovery;
 pub mod ledger;
+pub mod reservation;
 pub mod slots;
 
 /// A point in time in milliseconds, supplied by the caller (monotonic or

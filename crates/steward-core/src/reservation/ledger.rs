@@ -1,0 +1,434 @@
+//! The cluster-wide ledger of slots held by claims and by reservations.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::model::{
+    Change, InstanceCapacity, Phase, PodRef, Reservation, ReservationError, SlotRequest, slot_id,
+};
+use crate::Millis;
+
+/// Every Instance's slots, who holds them (SlotClaims, from the cluster)
+/// and who has them reserved. Pure and deterministic.
+#[derive(Debug, Clone, Default)]
+pub struct ReservationLedger {
+    instances: BTreeMap<String, InstanceCapacity>,
+    /// slot → uid of the pod whose claim holds it.
+    claims: BTreeMap<String, String>,
+    /// pod uid → its reservation.
+    reservations: BTreeMap<String, Reservation>,
+    /// How long a `Reserved` reservation may wait to be consumed.
+    ttl_ms: u64,
+}
+
+impl ReservationLedger {
+    pub fn new(ttl_ms: u64) -> Self {
+        Self {
+            ttl_ms,
+            ..Self::default()
+        }
+    }
+
+    pub fn reservation(&self, uid: &str) -> Option<&Reservation> {
+        self.reservations.get(uid)
+    }
+
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
+        self.reservations.values()
+    }
+
+    pub fn instance(&self, name: &str) -> Option<&InstanceCapacity> {
+        self.instances.get(name)
+    }
+
+    /// Who holds `slot`: the pod of its claim, else the pod it is reserved for.
+    pub fn holder(&self, slot: &str) -> Option<&str> {
+        self.claims.get(slot).map(String::as_str).or_else(|| {
+            self.reservations
+                .values()
+                .find(|r| r.holds() && r.slots.contains(slot))
+                .map(|r| r.pod.uid.as_str())
+        })
+    }
+
+    /// Slot numbers of `instance` free for pod `uid` (unclaimed or claimed
+    /// by it, and reserved for no other pod).
+    pub fn free_slots(&self, instance: &str, uid: &str) -> Vec<u32> {
+        let Some(cap) = self.instances.get(instance) else {
+            return Vec::new();
+        };
+        (0..cap.capacity)
+            .filter(|n| {
+                let id = slot_id(instance, *n);
+                self.claims.get(&id).is_none_or(|h| h == uid)
+                    && !self
+                        .reservations
+                        .values()
+                        .any(|r| r.pod.uid != uid && r.holds() && r.slots.contains(&id))
+            })
+            .collect()
+    }
+
+    /// Whether `node` can hold `request` for pod `uid`: the slots it would
+    /// get, or why not.
+    pub fn fit(
+        &self,
+        request: &SlotRequest,
+        node: &str,
+        uid: &str,
+    ) -> Result<BTreeSet<String>, String> {
+        let mut slots = BTreeSet::new();
+        for (instance, want) in request {
+            let Some(cap) = self.instances.get(instance) else {
+                return Err(format!("instance {instance} does not exist"));
+            };
+            if !cap.nodes.contains(node) {
+                return Err(format!("{instance} is not seen by {node}"));
+            }
+            let free = self.free_slots(instance, uid);
+            if (free.len() as u64) < u64::from(*want) {
+                return Err(format!(
+                    "{instance}: {} of {} slots free, {want} wanted",
+                    free.len(),
+                    cap.capacity
+                ));
+            }
+            slots.extend(
+                free.into_iter()
+                    .take(*want as usize)
+                    .map(|n| slot_id(instance, n)),
+            );
+        }
+        Ok(slots)
+    }
+
+    /// An Instance appeared or changed. Reservations it no longer backs
+    /// (the slot beyond a shrunk capacity, the node no longer seeing the
+    /// device) are moved to other free slots or canceled.
+    pub fn set_instance(&mut self, name: &str, capacity: InstanceCapacity) -> Vec<Change> {
+        self.instances.insert(name.to_owned(), capacity);
+        self.revalidate(name)
+    }
+
+    /// An Instance is gone: reservations on it are canceled.
+    pub fn remove_instance(&mut self, name: &str) -> Vec<Change> {
+        self.instances.remove(name);
+        self.revalidate(name)
+    }
+
+    /// A claim on `slot` by pod `uid` was seen. A reservation of `uid` whose
+    /// slots are now all its own claims is consumed; another pod's
+    /// reservation of that slot is moved or canceled (the claim is reality).
+    pub fn claim_observed(&mut self, slot: &str, uid: &str) -> Vec<Change> {
+        if self.claims.get(slot).is_some_and(|h| h == uid) {
+            return Vec::new();
+        }
+        self.claims.insert(slot.to_owned(), uid.to_owned());
+        let mut changes = Vec::new();
+        let taken_from: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| r.pod.uid != uid && r.holds() && r.slots.contains(slot))
+            .map(|r| r.pod.uid.clone())
+            .collect();
+        for other in taken_from {
+            changes.extend(self.reseat(&other, &format!("slot {slot} was taken by pod {uid}")));
+        }
+        // Consumed once the pod's own claims cover its request (the node may
+        // have granted other slots than the reserved ones).
+        let consumed = self.reservations.get(uid).is_some_and(|r| {
+            r.holds()
+                && r.request
+                    .iter()
+                    .all(|(instance, want)| self.claimed_by(instance, uid) >= *want as usize)
+        });
+        if consumed {
+            self.reservations.remove(uid);
+            changes.push(Change::Consumed {
+                uid: uid.to_owned(),
+            });
+        }
+        changes
+    }
+
+    /// How many slots of `instance` pod `uid`'s claims hold.
+    fn claimed_by(&self, instance: &str, uid: &str) -> usize {
+        self.claims
+            .iter()
+            .filter(|(slot, holder)| {
+                *holder == uid
+                    && slot
+                        .rsplit_once('-')
+                        .is_some_and(|(i, n)| i == instance && n.parse::<u32>().is_ok())
+            })
+            .count()
+    }
+
+    /// The claim on `slot` is gone (its pod ended).
+    pub fn claim_released(&mut self, slot: &str) {
+        self.claims.remove(slot);
+    }
+
+    /// The scheduler asks for pod `pod`. Asking again with the same request
+    /// changes nothing while it is `Requested` or `Reserved`; after
+    /// `Rejected` or `Canceled` it asks anew (a retry may fit now).
+    pub fn request(
+        &mut self,
+        pod: PodRef,
+        request: SlotRequest,
+        candidates: Vec<String>,
+        now: Millis,
+    ) -> Result<Vec<Change>, ReservationError> {
+        let uid = pod.uid.clone();
+        let request: SlotRequest = request.into_iter().filter(|(_, n)| *n > 0).collect();
+        if request.is_empty() {
+            return Err(ReservationError::EmptyRequest { uid });
+        }
+        if candidates.is_empty() {
+            return Err(ReservationError::NoCandidates { uid });
+        }
+        if let Some(r) = self.reservations.get_mut(&uid) {
+            match r.phase {
+                Phase::Requested | Phase::Reserved if r.request != request => {
+                    return Err(ReservationError::Conflicting { uid });
+                }
+                Phase::Requested => {
+                    r.candidates = candidates;
+                    return Ok(Vec::new());
+                }
+                Phase::Reserved => return Ok(Vec::new()),
+                Phase::Rejected | Phase::Canceled => {}
+            }
+        }
+        self.reservations.insert(
+            uid.clone(),
+            Reservation {
+                pod,
+                request,
+                candidates,
+                phase: Phase::Requested,
+                node: None,
+                slots: BTreeSet::new(),
+                reason: None,
+                requested_at: now,
+                decided_at: None,
+            },
+        );
+        Ok(vec![Change::Phase {
+            uid,
+            phase: Phase::Requested,
+        }])
+    }
+
+    /// The single writer's decision on a `Requested` reservation: the first
+    /// candidate (in the scheduler's order) that can hold every request
+    /// gets the slots (`Reserved`), or `Rejected` with each candidate's
+    /// reason. Deciding anything else changes nothing.
+    pub fn decide(&mut self, uid: &str, now: Millis) -> Result<Vec<Change>, ReservationError> {
+        let r = self
+            .reservations
+            .get(uid)
+            .ok_or_else(|| ReservationError::Unknown { uid: uid.into() })?;
+        if r.phase != Phase::Requested {
+            return Ok(Vec::new());
+        }
+        let mut why = Vec::new();
+        let mut chosen = None;
+        let mut seen = BTreeSet::new();
+        for node in r.candidates.iter().filter(|n| seen.insert(n.as_str())) {
+            match self.fit(&r.request, node, uid) {
+                Ok(slots) => {
+                    chosen = Some((node.clone(), slots));
+                    break;
+                }
+                Err(e) => why.push(format!("{node}: {e}")),
+            }
+        }
+        let Some(r) = self.reservations.get_mut(uid) else {
+            return Ok(Vec::new());
+        };
+        r.decided_at = Some(now);
+        match chosen {
+            Some((node, slots)) => {
+                r.phase = Phase::Reserved;
+                r.node = Some(node);
+                r.slots = slots;
+                r.reason = None;
+            }
+            None => {
+                r.phase = Phase::Rejected;
+                r.reason = Some(format!(
+                    "no candidate node can hold the pod: {}",
+                    why.join("; ")
+                ));
+            }
+        }
+        Ok(vec![Change::Phase {
+            uid: uid.to_owned(),
+            phase: r.phase,
+        }])
+    }
+
+    /// Releases what `uid` has reserved (Unreserve, a failed binding, the
+    /// pod gone). Idempotent; a pod with no reservation changes nothing.
+    pub fn cancel(&mut self, uid: &str, reason: &str) -> Vec<Change> {
+        let Some(r) = self.reservations.get_mut(uid) else {
+            return Vec::new();
+        };
+        if matches!(r.phase, Phase::Canceled | Phase::Rejected) {
+            return Vec::new();
+        }
+        r.phase = Phase::Canceled;
+        r.node = None;
+        r.slots.clear();
+        r.reason = Some(reason.to_owned());
+        vec![Change::Phase {
+            uid: uid.to_owned(),
+            phase: Phase::Canceled,
+        }]
+    }
+
+    /// The pod was bound to `node`: a reservation for another node is
+    /// canceled (extenders never hear of a failed or diverted binding).
+    pub fn bound(&mut self, uid: &str, node: &str) -> Vec<Change> {
+        let elsewhere = self
+            .reservations
+            .get(uid)
+            .is_some_and(|r| r.holds() && r.node.as_deref() != Some(node));
+        if elsewhere {
+            self.cancel(
+                uid,
+                &format!("the pod was bound to {node}, not the reserved node"),
+            )
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The pod is gone: its reservation is dropped (released first).
+    pub fn forget(&mut self, uid: &str) -> Vec<Change> {
+        let mut changes = self.cancel(uid, "the pod is gone");
+        self.reservations.remove(uid);
+        changes.retain(|c| !matches!(c, Change::Phase { .. }));
+        changes
+    }
+
+    /// `Reserved` reservations not consumed within the time to live are
+    /// canceled (a pod never bound, or bound and never started).
+    pub fn expire(&mut self, now: Millis) -> Vec<Change> {
+        let ttl = self.ttl_ms;
+        let due: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| r.holds() && r.decided_at.is_some_and(|t| now.since(t) >= ttl))
+            .map(|r| r.pod.uid.clone())
+            .collect();
+        due.iter()
+            .flat_map(|uid| {
+                self.cancel(
+                    uid,
+                    &format!("not consumed within {} ms of being reserved", ttl),
+                )
+            })
+            .collect()
+    }
+
+    /// Re-checks the reservations that use `instance` after it changed.
+    fn revalidate(&mut self, instance: &str) -> Vec<Change> {
+        let affected: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| r.holds() && r.request.contains_key(instance))
+            .map(|r| r.pod.uid.clone())
+            .collect();
+        affected
+            .iter()
+            .flat_map(|uid| self.reseat(uid, &format!("instance {instance} changed")))
+            .collect()
+    }
+
+    /// Keeps `uid`'s reservation on its node with slots that are still
+    /// valid and free, choosing others where needed; cancels it when its
+    /// node can no longer hold it.
+    fn reseat(&mut self, uid: &str, why: &str) -> Vec<Change> {
+        let Some(r) = self.reservations.get(uid) else {
+            return Vec::new();
+        };
+        let Some(node) = r.node.clone() else {
+            return Vec::new();
+        };
+        // Drop the held slots first so the fit sees them as this pod's.
+        let request = r.request.clone();
+        let old = r.slots.clone();
+        if let Some(r) = self.reservations.get_mut(uid) {
+            r.slots.clear();
+        }
+        let valid: BTreeSet<String> = old
+            .iter()
+            .filter(|s| self.slot_usable(s, &node, uid))
+            .cloned()
+            .collect();
+        match self.refit(&request, &node, uid, &valid) {
+            Some(slots) => {
+                if let Some(r) = self.reservations.get_mut(uid) {
+                    r.slots = slots;
+                }
+                Vec::new()
+            }
+            None => self.cancel(uid, &format!("{why}; {node} can no longer hold the pod")),
+        }
+    }
+
+    /// Whether `slot` exists, is seen by `node` and is free for `uid`.
+    fn slot_usable(&self, slot: &str, node: &str, uid: &str) -> bool {
+        let Some((instance, n)) = slot.rsplit_once('-') else {
+            return false;
+        };
+        let Ok(n) = n.parse::<u32>() else {
+            return false;
+        };
+        self.instances
+            .get(instance)
+            .is_some_and(|c| n < c.capacity && c.nodes.contains(node))
+            && self.free_slots(instance, uid).contains(&n)
+    }
+
+    /// The request's slots on `node`, keeping those in `keep`.
+    fn refit(
+        &self,
+        request: &SlotRequest,
+        node: &str,
+        uid: &str,
+        keep: &BTreeSet<String>,
+    ) -> Option<BTreeSet<String>> {
+        let mut slots = BTreeSet::new();
+        for (instance, want) in request {
+            let cap = self.instances.get(instance)?;
+            if !cap.nodes.contains(node) {
+                return None;
+            }
+            let prefix = format!("{instance}-");
+            let mut mine: Vec<String> = keep
+                .iter()
+                .filter(|s| {
+                    s.strip_prefix(&prefix)
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                })
+                .cloned()
+                .collect();
+            for n in self.free_slots(instance, uid) {
+                if mine.len() >= *want as usize {
+                    break;
+                }
+                let id = slot_id(instance, n);
+                if !mine.contains(&id) {
+                    mine.push(id);
+                }
+            }
+            if mine.len() < *want as usize {
+                return None;
+            }
+            slots.extend(mine.into_iter().take(*want as usize));
+        }
+        Some(slots)
+    }
+}

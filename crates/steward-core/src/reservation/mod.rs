@@ -1,0 +1,30 @@
+//! Reservations (seed 002): capacity held for a pod at scheduling time, so
+//! the scheduler's belief and what the nodes grant agree.
+//!
+//! The sharpest case is a shared Instance: seen by three nodes with
+//! capacity 2, each node's kubelet advertises 2 slots, so the scheduler
+//! believes 6 exist. A [`ReservationLedger`] counts the slots of every
+//! Instance once, cluster-wide: the slots held by SlotClaims (pods running
+//! or admitted) and the slots reserved for pods not yet running.
+//!
+//! One controller is the only writer of decisions; this module is its pure
+//! core: no I/O, no clock (time comes in as [`crate::Millis`]).
+//!
+//! Life of a reservation: `Requested` (the scheduler extender asked, with the
+//! candidate nodes its Filter saw) → [`ReservationLedger::decide`] →
+//! `Reserved` (one node chosen, slots held for the pod) or `Rejected` (no
+//! candidate can hold it, with the reason). A `Reserved` reservation is
+//! consumed when the pod's own claims hold its slots (the reservation is
+//! then dropped: the claims carry on), and `Canceled` when the scheduler
+//! unreserves, the pod goes away or binds elsewhere, or its time to live
+//! runs out. `Rejected` and `Canceled` hold nothing; nothing is ever stuck.
+
+mod ledger;
+mod model;
+#[cfg(test)]
+mod proptests;
+
+pub use ledger::ReservationLedger;
+pub use model::{
+    Change, InstanceCapacity, Phase, PodRef, Reservation, ReservationError, SlotRequest, slot_id,
+};
