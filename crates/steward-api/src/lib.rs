@@ -5,11 +5,13 @@
 mod configuration;
 mod convert;
 mod instance;
+mod reservation;
 mod slotclaim;
 
 pub use configuration::*;
 pub use convert::*;
 pub use instance::*;
+pub use reservation::*;
 pub use slotclaim::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -35,7 +37,12 @@ pub enum CrdError {
 
 /// Every CustomResourceDefinition steward installs.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Configuration::crd(), Instance::crd(), SlotClaim::crd()]
+    vec![
+        Configuration::crd(),
+        Instance::crd(),
+        SlotClaim::crd(),
+        Reservation::crd(),
+    ]
 }
 
 /// [`crds`] as one multi-document YAML stream (what `steward crds` prints).
@@ -101,7 +108,8 @@ mod tests {
             [
                 "configurations.steward.dev",
                 "instances.steward.dev",
-                "slotclaims.steward.dev"
+                "slotclaims.steward.dev",
+                "reservations.steward.dev"
             ]
         );
         for crd in &docs {

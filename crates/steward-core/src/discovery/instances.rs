@@ -93,7 +93,7 @@ impl InstanceOp {
 }
 
 /// 64-bit FNV-1a: tiny, stable across platforms and releases.
-fn fnv1a64(chunks: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a64(chunks: &[&[u8]]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;

@@ -11,6 +11,27 @@ pub fn slot_id(instance: &str, n: u32) -> String {
     format!("{instance}-{n}")
 }
 
+/// Longest pod name used as it is for its Reservation's name.
+const NAME_AS_IS: usize = 230;
+
+/// The name of pod `namespace/name`'s Reservation (in the pod's namespace):
+/// the pod's name when short enough, else its first 230 characters and a
+/// hash of namespace and name, so long names that share a prefix do not
+/// collide and the result stays a valid object name (at most 253).
+pub fn reservation_name(namespace: &str, name: &str) -> String {
+    if name.len() <= NAME_AS_IS {
+        return name.to_owned();
+    }
+    let hash = crate::discovery::instances::fnv1a64(&[
+        &(namespace.len() as u64).to_le_bytes(),
+        namespace.as_bytes(),
+        &(name.len() as u64).to_le_bytes(),
+        name.as_bytes(),
+    ]);
+    let head: String = name.chars().take(NAME_AS_IS).collect();
+    format!("{}-{hash:016x}", head.trim_end_matches(['-', '.']))
+}
+
 /// The pod a reservation is for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PodRef {
@@ -90,4 +111,26 @@ pub enum ReservationError {
     Conflicting { uid: String },
     #[error("no reservation for pod {uid}")]
     Unknown { uid: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_names_are_the_pod_name_or_a_hashed_prefix() {
+        assert_eq!(reservation_name("ns", "web-0"), "web-0");
+        let long_a = format!("{}a", "x".repeat(240));
+        let long_b = format!("{}b", "x".repeat(240));
+        let a = reservation_name("ns", &long_a);
+        let b = reservation_name("ns", &long_b);
+        assert_ne!(a, b, "long names sharing a prefix do not collide");
+        assert!(a.len() <= 253 && b.len() <= 253);
+        assert_ne!(
+            a,
+            reservation_name("other", &long_a),
+            "namespace is part of the hash"
+        );
+        assert_eq!(a, reservation_name("ns", &long_a), "stable");
+    }
 }

@@ -1,0 +1,195 @@
+//! The `Reservation` custom resource (seed 002): capacity held for one pod
+//! at scheduling time. One per pod, in the pod's namespace, named after it
+//! ([`steward_core::reservation::reservation_name`]) and owned by it.
+//!
+//! The scheduler extender writes the spec (the request, the candidate nodes
+//! its Filter passed, and `cancel` on Unreserve); one controller, the only
+//! writer of decisions, writes the status.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+use steward_core::Millis;
+use steward_core::reservation::{self as core, Phase};
+
+use crate::PodRef;
+
+/// Short name of the Reservation kind (`kubectl get srsv`).
+pub const RESERVATION_SHORT_NAME: &str = "srsv";
+
+/// Capacity held for one pod at scheduling time.
+// Several printer columns share a type: not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "steward.dev",
+    version = "v1alpha1",
+    kind = "Reservation",
+    namespaced,
+    status = "ReservationStatus",
+    shortname = "srsv",
+    derive = "PartialEq",
+    doc = "Capacity held for one pod at scheduling time: requested by the scheduler extender, decided by the steward controller.",
+    printcolumn(
+        name = "Pod",
+        type_ = "string",
+        json_path = ".spec.pod.name",
+        description = "pod the capacity is held for"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Requested, Reserved, Rejected or Canceled"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.node",
+        description = "node chosen"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        priority = 1,
+        description = "why it was rejected or canceled"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationSpec {
+    /// The pod (same namespace).
+    pub pod: PodRef,
+    /// Slots wanted per Instance: the pod's `steward.dev/<instance>`
+    /// requests, every container combined.
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, self[k] >= 1 && self[k] <= 1024)").message("each Instance asks for 1 to 1024 slots"))]
+    pub slots: BTreeMap<String, u32>,
+    /// Exclusive CPUs wanted on one NUMA node (decided on the node by the
+    /// CRI resource manager).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 1024))]
+    pub exclusive_cpus: u32,
+    /// The nodes the scheduler's Filter passed, in its order.
+    #[schemars(length(min = 1, max = 5000))]
+    pub candidates: Vec<String>,
+    /// Set by the scheduler extender on Unreserve: the reason to cancel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What the controller decided.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationStatus {
+    /// `Requested`, `Reserved`, `Rejected` or `Canceled`.
+    #[x_kube(validation = kube::core::Rule::new("self in ['Requested', 'Reserved', 'Rejected', 'Canceled']").message("phase must be Requested, Reserved, Rejected or Canceled"))]
+    pub phase: String,
+    /// The node chosen (`Reserved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The slots held for the pod (`Reserved`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<String>,
+    /// Why it was rejected or canceled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was decided, milliseconds of the controller's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<u64>,
+    /// The spec generation this status answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The wire name of a phase.
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Requested => "Requested",
+        Phase::Reserved => "Reserved",
+        Phase::Rejected => "Rejected",
+        Phase::Canceled => "Canceled",
+    }
+}
+
+impl ReservationSpec {
+    /// The core's view of the pod.
+    pub fn pod_ref(&self) -> core::PodRef {
+        core::PodRef {
+            namespace: self.pod.namespace.clone(),
+            name: self.pod.name.clone(),
+            uid: self.pod.uid.clone(),
+        }
+    }
+}
+
+impl ReservationStatus {
+    /// The status recording the core's reservation.
+    pub fn from_core(r: &core::Reservation, generation: Option<i64>) -> Self {
+        Self {
+            phase: phase_name(r.phase).to_owned(),
+            node: r.node.clone(),
+            slots: r.slots.iter().cloned().collect(),
+            reason: r.reason.clone(),
+            decided_at: r.decided_at.map(|Millis(m)| m),
+            observed_generation: generation,
+        }
+    }
+
+    /// The slots as a set.
+    pub fn slot_set(&self) -> BTreeSet<String> {
+        self.slots.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_records_the_core_decision() {
+        let mut l = core::ReservationLedger::new(60_000);
+        l.set_instance(
+            "cam",
+            core::InstanceCapacity {
+                capacity: 2,
+                nodes: ["n1".to_owned()].into(),
+            },
+        );
+        let spec = ReservationSpec {
+            pod: PodRef {
+                namespace: "default".into(),
+                name: "web-0".into(),
+                uid: "u1".into(),
+            },
+            slots: [("cam".to_owned(), 1)].into(),
+            exclusive_cpus: 0,
+            candidates: vec!["n1".into()],
+            cancel: None,
+        };
+        l.request(
+            spec.pod_ref(),
+            spec.slots.clone(),
+            spec.candidates.clone(),
+            Millis(5),
+        )
+        .unwrap();
+        l.decide("u1", Millis(7)).unwrap();
+        let status = ReservationStatus::from_core(l.reservation("u1").unwrap(), Some(1));
+        assert_eq!(status.phase, "Reserved");
+        assert_eq!(status.node.as_deref(), Some("n1"));
+        assert_eq!(status.slots, ["cam-0"]);
+        assert_eq!(status.decided_at, Some(7));
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["observedGeneration"], 1);
+    }
+}
