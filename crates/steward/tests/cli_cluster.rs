@@ -632,3 +632,65 @@ async fn context_and_kubeconfig_env_choose_the_cluster() {
     let line = out.failed();
     assert!(line.contains("nope"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_handlers_lists_each_node_and_handler_from_the_status() {
+    let s = seeded().await;
+    // No handler has reported yet.
+    let none = steward(&s, &["get", "handlers"]).await;
+    assert_eq!(none.ok(), "");
+    assert_eq!(none.stderr, "No resources found in default namespace.\n");
+    // Two agents reported their handlers for `cams`.
+    let api: Api<steward_api::Configuration> = Api::namespaced(s.cluster.client(), NS);
+    let mut c = api.get("cams").await.unwrap();
+    c.status = Some(steward_api::ConfigurationStatus {
+        handlers: vec![
+            steward_api::HandlerStatus {
+                node: "node-b".into(),
+                name: "debug-echo".into(),
+                endpoint: "embedded".into(),
+                state: "Active".into(),
+            },
+            steward_api::HandlerStatus {
+                node: "node-a".into(),
+                name: "debug-echo".into(),
+                endpoint: "unix:///var/lib/steward/debug-echo.sock".into(),
+                state: "Offline".into(),
+            },
+        ],
+        ..Default::default()
+    });
+    api.replace_status("cams", &PostParams::default(), &c)
+        .await
+        .unwrap();
+    let out = steward(&s, &["get", "handlers"]).await;
+    assert_eq!(
+        out.ok(),
+        "CONFIGURATION   NODE     HANDLER      STATE\n\
+         cams            node-a   debug-echo   Offline\n\
+         cams            node-b   debug-echo   Active\n"
+    );
+    let wide = steward(&s, &["get", "handlers", "-A", "-o", "wide"]).await;
+    let first: Vec<&str> = wide
+        .ok()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        first,
+        [
+            "default",
+            "cams",
+            "node-a",
+            "debug-echo",
+            "Offline",
+            "unix:///var/lib/steward/debug-echo.sock"
+        ]
+    );
+    let json = steward(&s, &["get", "handlers", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(json.ok()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[1]["state"], "Active");
+}

@@ -12,6 +12,7 @@ mod assignments;
 mod claims;
 mod cluster;
 mod describe;
+mod handlers;
 mod instances;
 mod output;
 mod quiet;
@@ -52,6 +53,10 @@ pub enum Get {
     /// Every slot of every Instance and who holds it.
     #[command(visible_alias = "slot")]
     Slots(slots::GetArgs),
+    /// The discovery handlers serving each Configuration, per node, with
+    /// their state (Waiting, Active, Offline).
+    #[command(visible_alias = "handler")]
+    Handlers(handlers::GetArgs),
 }
 
 /// `steward watch`.
@@ -71,6 +76,7 @@ pub async fn get(cmd: Get) -> anyhow::Result<()> {
         }
         Get::Claims(args) => claims::get(args).with_subscriber(quiet::dispatch()).await,
         Get::Slots(args) => slots::get(args).with_subscriber(quiet::dispatch()).await,
+        Get::Handlers(args) => handlers::get(args).with_subscriber(quiet::dispatch()).await,
     }
 }
 
