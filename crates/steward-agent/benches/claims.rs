@@ -17,6 +17,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+#[path = "support/instance_status.rs"]
+mod instance_status;
+use instance_status::InstanceStatusClaimStore;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,8 +30,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use steward_agent::claims::{
-    ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, InstanceDirectory,
-    InstanceStatusClaimStore, KubeClaimStore,
+    ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, InstanceDirectory, KubeClaimStore,
 };
 use steward_api::{Instance, InstanceSpec, SlotClaim};
 use steward_core::Millis;

@@ -26,8 +26,8 @@ use tokio::task::AbortHandle;
 use crate::config::AgentTimings;
 use crate::discovery::{self, DiscoveryMsg, Target, TaskReport};
 use crate::metrics::AgentMetrics;
+use crate::node_store::NodeStore;
 use crate::source::{ConfigEvent, ConfigSnapshot};
-use crate::state::NodeStore;
 use crate::status::{NodeContribution, REASON_INVALID_DETAILS, StatusWriter};
 use crate::store::{self, Desired, InstanceStore, on_node};
 

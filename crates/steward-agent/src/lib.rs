@@ -15,10 +15,10 @@ mod discovery;
 mod error;
 pub mod events;
 pub mod metrics;
+pub mod node_store;
 mod nodes;
 pub mod pod_resources;
 pub mod source;
-pub mod state;
 pub mod status;
 pub mod store;
 
@@ -27,7 +27,7 @@ use std::future::Future;
 pub use config::{AgentConfig, AgentTimings, Mode, embedded_handlers};
 pub use error::{AgentError, SourceError, StateError, StoreError};
 pub use metrics::AgentMetrics;
-pub use state::NodeStore;
+pub use node_store::NodeStore;
 pub use store::{InstanceStore, KubeInstanceStore, LocalInstanceStore, OpContext};
 
 use steward_core::discovery::registry::Registry;

@@ -3,6 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../benches/support/instance_status.rs"]
+mod instance_status;
+use instance_status::InstanceStatusClaimStore;
 
 use std::time::Duration;
 
@@ -11,8 +14,8 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec};
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use steward_agent::claims::{
-    ClaimError, ClaimEvent, ClaimStore, ClaimWrite, InstanceDirectory, InstanceRef,
-    InstanceStatusClaimStore, KubeClaimStore, watch_claims,
+    ClaimError, ClaimEvent, ClaimStore, ClaimWrite, InstanceDirectory, InstanceRef, KubeClaimStore,
+    watch_claims,
 };
 use steward_api::{Instance, InstanceSpec, SlotClaim};
 use steward_core::Millis;

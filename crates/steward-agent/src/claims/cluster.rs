@@ -149,7 +149,7 @@ impl InstanceDirectory {
     /// The entry of `name`, looked up in the cluster when not known.
     /// `Ok(None)`: no such Instance; an error if the name is ambiguous
     /// (Instances of that name in several namespaces).
-    pub(crate) async fn resolve(
+    pub async fn resolve(
         &self,
         client: &kube::Client,
         name: &str,

@@ -3,7 +3,7 @@
 use steward_core::slots::Claim;
 
 use super::{ClaimError, ClaimStore, ClaimWrite};
-use crate::state::{ClaimPut, NodeStore};
+use crate::node_store::{ClaimPut, NodeStore};
 
 /// Claims in the node's embedded store. Every write or delete is one redb
 /// write transaction, durable (fsync'd) when it returns; the check of the

@@ -14,12 +14,12 @@
 //!   named after the slot, in the Instance's namespace (see [`cluster`] for
 //!   the write protocol and garbage collection), and [`watch_claims`] to
 //!   learn other nodes' claims.
-//! * [`InstanceStatusClaimStore`] — the measured alternative: usage entries
-//!   in `Instance.status.slots`. Kept for comparison (benches); the agent
-//!   does not use it.
+//!
+//! The measured alternative — claims as usage entries in
+//! `Instance.status.slots` — lives with the benchmark that compares the two
+//! (`benches/support/instance_status.rs`); the agent does not ship it.
 
 pub mod cluster;
-pub mod instance_status;
 mod local;
 
 use std::future::Future;
@@ -28,7 +28,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use steward_core::slots::Claim;
 
 pub use cluster::{ClaimEvent, InstanceDirectory, InstanceRef, KubeClaimStore, watch_claims};
-pub use instance_status::InstanceStatusClaimStore;
 pub use local::LocalClaimStore;
 
 /// Default bound on conflicting attempts (409 → re-read → retry) of one
@@ -101,8 +100,9 @@ impl ClaimStoreStats {
     }
 }
 
+/// Write counters of a claim store (what [`ClaimStore::stats`] reports).
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub struct Counters {
     reads: AtomicU64,
     creates: AtomicU64,
     replaces: AtomicU64,
@@ -111,18 +111,26 @@ pub(crate) struct Counters {
     conflicts: AtomicU64,
 }
 
+/// One counted API request of a claim store.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Count {
+pub enum Count {
+    /// A get or list.
     Read,
+    /// A create.
     Create,
+    /// A replace.
     Replace,
+    /// A delete.
     Delete,
+    /// A create answered 409 AlreadyExists.
     AlreadyExists,
+    /// A replace or delete answered 409 Conflict.
     Conflict,
 }
 
 impl Counters {
-    pub(crate) fn add(&self, what: Count) {
+    /// Counts one request.
+    pub fn add(&self, what: Count) {
         let c = match what {
             Count::Read => &self.reads,
             Count::Create => &self.creates,
@@ -134,7 +142,8 @@ impl Counters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> ClaimStoreStats {
+    /// The counts so far.
+    pub fn snapshot(&self) -> ClaimStoreStats {
         ClaimStoreStats {
             reads: self.reads.load(Ordering::Relaxed),
             creates: self.creates.load(Ordering::Relaxed),
@@ -149,7 +158,7 @@ impl Counters {
 /// Maps a Kubernetes client error: server-side unavailability (5xx, 429)
 /// and transport failures are [`ClaimError::Unreachable`], everything else
 /// (4xx, decoding) is [`ClaimError::Failed`].
-pub(crate) fn api_error(op: &str, name: &str, e: kube::Error) -> ClaimError {
+pub fn api_error(op: &str, name: &str, e: kube::Error) -> ClaimError {
     let unreachable = match &e {
         kube::Error::Api(s) => s.code >= 500 || s.code == 429,
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,

@@ -27,8 +27,8 @@
 //! then. Device plugins run in Kubernetes mode only.
 
 mod cdi;
-mod core;
 mod instance;
+mod keeper;
 mod metrics;
 mod names;
 mod plugin;
@@ -46,14 +46,14 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
-pub use self::core::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
 pub use self::instance::{NUMA_PROPERTY, ServedInstance};
+pub use self::keeper::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
 pub use self::metrics::DevicePluginMetrics;
 pub use self::names::{env_name, resource_name, socket_name};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
 
-use self::core::Core;
+use self::keeper::SlotKeeper;
 use self::plugin::PluginSite;
 pub(crate) use self::plugin::finish_task;
 use self::watch::CatalogEvent;
@@ -169,7 +169,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
             source,
         })?;
     }
-    let (core, followups) = Core::new(
+    let (core, followups) = SlotKeeper::new(
         node.clone(),
         local,
         cluster,
@@ -249,7 +249,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
 }
 
 struct Manager<L, C> {
-    core: Arc<Core<L, C>>,
+    core: Arc<SlotKeeper<L, C>>,
     site: PluginSite,
     cdi_dir: Option<PathBuf>,
     running: BTreeMap<String, Running>,

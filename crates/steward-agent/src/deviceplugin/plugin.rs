@@ -24,7 +24,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-use super::core::Core;
+use super::keeper::SlotKeeper;
 use super::podresources::connect_unix;
 use crate::claims::ClaimStore;
 
@@ -56,7 +56,7 @@ pub(crate) async fn finish_task<T>(mut task: AbortOnDropHandle<T>, grace: Durati
 struct Service<L, C> {
     /// Weak: the agent owns the core; a server outliving it answers
     /// Unavailable instead of keeping its stores open.
-    core: Weak<Core<L, C>>,
+    core: Weak<SlotKeeper<L, C>>,
     instance: String,
     devices: watch::Receiver<Vec<Device>>,
     /// Ends this generation's ListAndWatch streams.
@@ -64,7 +64,7 @@ struct Service<L, C> {
 }
 
 impl<L, C> Service<L, C> {
-    fn core(&self) -> Result<std::sync::Arc<Core<L, C>>, Status> {
+    fn core(&self) -> Result<std::sync::Arc<SlotKeeper<L, C>>, Status> {
         self.core
             .upgrade()
             .ok_or_else(|| Status::unavailable("steward agent is shutting down"))
@@ -199,7 +199,7 @@ enum End {
 /// Serves the plugin of `instance` until `stop` is cancelled; re-binds and
 /// re-registers whenever kubelet restarts.
 pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
-    core: Weak<Core<L, C>>,
+    core: Weak<SlotKeeper<L, C>>,
     instance: String,
     resource_name: String,
     site: PluginSite,
@@ -296,7 +296,7 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
     endpoint: &str,
     resource_name: &str,
     socket: &SocketGuard,
-    core: &Weak<Core<L, C>>,
+    core: &Weak<SlotKeeper<L, C>>,
     stop: &CancellationToken,
 ) -> End {
     let mut backoff = Backoff::doubling(site.poll, MAX_REGISTER_BACKOFF);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use steward_core::ledger::{Allocatable, Holding, PodAssignments, Source};
 use steward_podresources::Hub;
 
-use super::core::{Core, State};
+use super::keeper::{SlotKeeper, State};
 use crate::claims::ClaimStore;
 
 /// What the view needs of one served Instance.
@@ -95,7 +95,10 @@ pub(crate) fn slots_view(
 pub(crate) const PUBLISH_GAP: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Publishes the slots to `hub` now and after every change, until dropped.
-pub(crate) async fn publish<L: ClaimStore, C: ClaimStore>(core: Arc<Core<L, C>>, hub: Arc<Hub>) {
+pub(crate) async fn publish<L: ClaimStore, C: ClaimStore>(
+    core: Arc<SlotKeeper<L, C>>,
+    hub: Arc<Hub>,
+) {
     let changed = core.changes();
     let mut last: Option<(Vec<Holding>, BTreeMap<String, Served>)> = None;
     loop {

@@ -17,8 +17,8 @@ use steward_api::{Configuration, Instance};
 use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
 use tokio::sync::mpsc;
 
-use super::core::{Core, now};
 use super::instance::ServedInstance;
+use super::keeper::{SlotKeeper, now};
 use super::podresources::PodResourcesClient;
 use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory, InstanceRef};
 
@@ -95,7 +95,7 @@ pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
     client: &kube::Client,
     node: &str,
     podres: &PodResourcesClient,
-    core: &Core<L, C>,
+    core: &SlotKeeper<L, C>,
     directory: Option<&InstanceDirectory>,
 ) -> Initial {
     let mut served = BTreeMap::new();
@@ -326,7 +326,7 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
 pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
     client: kube::Client,
     node: String,
-    core: Arc<Core<L, C>>,
+    core: Arc<SlotKeeper<L, C>>,
     podres: PodResourcesClient,
 ) {
     let api = Api::<Pod>::all(client);
@@ -378,7 +378,7 @@ pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
 /// was deleted before it was attributed is released about `settle_ms` after
 /// the Allocate, not after the pending timeout.
 pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
-    core: Arc<Core<L, C>>,
+    core: Arc<SlotKeeper<L, C>>,
     podres: PodResourcesClient,
     mut pokes: mpsc::UnboundedReceiver<()>,
     limit: Duration,
@@ -424,7 +424,7 @@ pub(crate) async fn follow_allocations<L: ClaimStore, C: ClaimStore>(
 
 /// Feeds the cluster's claims to the ledger.
 pub(crate) async fn feed_claims<L: ClaimStore, C: ClaimStore>(
-    core: Arc<Core<L, C>>,
+    core: Arc<SlotKeeper<L, C>>,
     events: impl Stream<Item = ClaimEvent> + Send + 'static,
 ) {
     let mut events = Box::pin(events);

@@ -10,7 +10,7 @@ use steward_core::discovery::instances::{InstanceOp, InstanceView};
 
 use super::{InstanceStore, OpContext, without};
 use crate::error::StoreError;
-use crate::state::NodeStore;
+use crate::node_store::NodeStore;
 
 /// Instances kept in redb.
 #[derive(Clone, Debug)]

@@ -27,7 +27,7 @@ use steward_core::Millis;
 use steward_core::ledger::{Holder, Holding};
 use steward_core::slots::{Claim, parse_slot_id};
 
-use super::{
+use steward_agent::claims::{
     ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, Count, Counters, DEFAULT_MAX_ATTEMPTS,
     InstanceDirectory, api_error,
 };

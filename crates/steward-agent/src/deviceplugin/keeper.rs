@@ -117,7 +117,7 @@ enum Durable {
 }
 
 /// The shared core of the node's device plugins.
-pub(crate) struct Core<L, C> {
+pub(crate) struct SlotKeeper<L, C> {
     pub node: String,
     local: L,
     cluster: C,
@@ -182,8 +182,8 @@ fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
     }
 }
 
-impl<L: ClaimStore, C: ClaimStore> Core<L, C> {
-    /// A core for `node` with an empty ledger (see [`Core::recover`]).
+impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
+    /// A core for `node` with an empty ledger (see [`SlotKeeper::recover`]).
     pub fn new(
         node: String,
         local: L,
