@@ -25,9 +25,10 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::Serialize;
 use steward_core::cpu::{CpuSet, PolicyConfig, PolicyKind, Topology};
+use steward_kube::{Change, follow};
 use tracing::{debug, info, warn};
 
 use crate::config::FileConfig;
@@ -234,8 +235,8 @@ pub fn parse_selected(
 // size difference between the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 enum Input {
-    Maps(Result<watcher::Event<ConfigMap>, watcher::Error>),
-    Node(Result<watcher::Event<Node>, watcher::Error>),
+    Maps(Change<ConfigMap>),
+    Node(Change<Node>),
 }
 
 fn document(cm: &ConfigMap) -> Option<String> {
@@ -256,7 +257,6 @@ fn node_group(node: &Node) -> Option<String> {
 struct WatchState {
     selector: ConfigSelector,
     namespace: String,
-    pending_maps: Option<BTreeMap<String, Option<String>>>,
     maps_ready: bool,
     node_ready: bool,
     metrics: Metrics,
@@ -266,70 +266,66 @@ impl WatchState {
     /// Fold one watcher event in; `true` when the selection may have changed.
     fn absorb(&mut self, input: Input) -> bool {
         match input {
-            Input::Maps(Err(e)) => {
+            Input::Maps(Change::Interrupted(e)) => {
                 warn!(namespace = %self.namespace, error = %e, "watching resource-manager ConfigMaps failed; retrying");
                 false
             }
-            Input::Node(Err(e)) => {
+            Input::Node(Change::Interrupted(e)) => {
                 warn!(node = %self.selector.node, error = %e, "watching the Node failed; retrying");
                 false
             }
-            Input::Maps(Ok(ev)) => match ev {
-                watcher::Event::Init => {
-                    self.pending_maps = Some(BTreeMap::new());
-                    false
-                }
-                watcher::Event::InitApply(cm) => {
-                    if let (Some(p), Some(name)) =
-                        (self.pending_maps.as_mut(), cm.metadata.name.as_deref())
-                        && ours(name)
-                    {
-                        p.insert(name.to_owned(), document(&cm));
-                    }
-                    false
-                }
-                watcher::Event::InitDone => {
-                    if let Some(p) = self.pending_maps.take() {
-                        self.selector.replace_all(p);
-                    }
-                    self.maps_ready = true;
+            Input::Maps(Change::Relisted(maps)) => {
+                self.selector.replace_all(
+                    maps.iter()
+                        .filter_map(|cm| {
+                            let name = cm.metadata.name.as_deref()?;
+                            ours(name).then(|| (name.to_owned(), document(cm)))
+                        })
+                        .collect(),
+                );
+                self.maps_ready = true;
+                true
+            }
+            Input::Maps(Change::Applied(cm)) => match cm.metadata.name.as_deref() {
+                Some(name) if ours(name) => {
+                    self.selector.upsert(name, document(&cm));
                     true
                 }
-                watcher::Event::Apply(cm) => match cm.metadata.name.as_deref() {
-                    Some(name) if ours(name) => {
-                        self.selector.upsert(name, document(&cm));
-                        true
-                    }
-                    _ => false,
-                },
-                watcher::Event::Delete(cm) => match cm.metadata.name.as_deref() {
-                    Some(name) if ours(name) => {
-                        self.selector.remove(name);
-                        true
-                    }
-                    _ => false,
-                },
+                _ => false,
             },
-            Input::Node(Ok(ev)) => match ev {
-                watcher::Event::Init => false,
-                watcher::Event::InitApply(node) | watcher::Event::Apply(node) => {
-                    let group = node_group(&node);
-                    if group.as_deref() != self.selector.group() {
-                        info!(node = %self.selector.node, group = ?group, "node configuration group changed");
-                    }
-                    self.selector.set_group(group);
+            Input::Maps(Change::Deleted(cm)) => match cm.metadata.name.as_deref() {
+                Some(name) if ours(name) => {
+                    self.selector.remove(name);
                     true
                 }
-                watcher::Event::Delete(_) => {
-                    self.selector.set_group(None);
-                    true
-                }
-                watcher::Event::InitDone => {
-                    self.node_ready = true;
-                    true
-                }
+                _ => false,
             },
+            // Watched by name: a relist holds the Node or nothing (deleted
+            // while the watch was down).
+            Input::Node(Change::Relisted(nodes)) => {
+                self.set_node(nodes.first());
+                self.node_ready = true;
+                true
+            }
+            Input::Node(Change::Applied(node)) => {
+                self.set_node(Some(&node));
+                true
+            }
+            Input::Node(Change::Deleted(_)) => {
+                self.set_node(None);
+                true
+            }
         }
+    }
+
+    /// The configuration group of this node (its label), `None` without
+    /// the Node.
+    fn set_node(&mut self, node: Option<&Node>) {
+        let group = node.and_then(node_group);
+        if group.as_deref() != self.selector.group() {
+            info!(node = %self.selector.node, group = ?group, "node configuration group changed");
+        }
+        self.selector.set_group(group);
     }
 
     /// The next update to send, if the resolution changed and is valid.
@@ -371,20 +367,16 @@ pub fn watch(
 ) -> impl Stream<Item = ClusterUpdate> + Send + 'static {
     let maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let nodes: Api<Node> = Api::all(cluster.client.clone());
-    let maps = watcher(maps, watcher::Config::default())
-        .default_backoff()
-        .map(Input::Maps);
-    let nodes = watcher(
+    let maps = follow(maps, watcher::Config::default()).map(Input::Maps);
+    let nodes = follow(
         nodes,
         watcher::Config::default().fields(&format!("metadata.name={}", cluster.node_name)),
     )
-    .default_backoff()
     .map(Input::Node);
     let inputs = futures::stream::select(maps, nodes).boxed();
     let state = WatchState {
         selector: ConfigSelector::new(cluster.node_name.clone()),
         namespace: cluster.namespace.clone(),
-        pending_maps: None,
         maps_ready: false,
         node_ready: false,
         metrics,

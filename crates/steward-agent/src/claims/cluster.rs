@@ -59,10 +59,10 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use steward_api::{API_VERSION, Instance, SlotClaim, SlotClaimSpec};
 use steward_core::slots::{Claim, parse_slot_id};
+use steward_kube::{Change, follow};
 
 use super::{
     ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, Count, Counters, DEFAULT_MAX_ATTEMPTS,
@@ -574,35 +574,20 @@ pub enum ClaimEvent {
 /// on `SlotClaim`s in all namespaces, retrying with backoff. Malformed
 /// objects are skipped with a warning.
 pub fn watch_claims(client: kube::Client) -> impl Stream<Item = ClaimEvent> + Send + 'static {
-    let api = Api::<SlotClaim>::all(client);
-    let mut listing: Option<Vec<Claim>> = None;
-    watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
-            let out = match event {
-                Ok(Event::Init) => {
-                    listing = Some(Vec::new());
-                    None
-                }
-                Ok(Event::InitApply(obj)) => {
-                    if let (Some(buf), Some(c)) = (listing.as_mut(), claim_of(&obj)) {
-                        buf.push(c);
-                    }
-                    None
-                }
-                Ok(Event::InitDone) => {
-                    Some(ClaimEvent::Relisted(listing.take().unwrap_or_default()))
-                }
-                Ok(Event::Apply(obj)) => claim_of(&obj).map(ClaimEvent::Applied),
-                Ok(Event::Delete(obj)) => Some(ClaimEvent::Deleted {
-                    slot: obj.spec.slot_id(),
-                    node: obj.spec.node,
-                }),
-                Err(e) => {
-                    tracing::warn!(error = %e, "slot claim watch interrupted");
-                    Some(ClaimEvent::Interrupted(e.to_string()))
-                }
-            };
-            futures::future::ready(out)
+    follow(Api::<SlotClaim>::all(client), watcher::Config::default()).filter_map(|change| {
+        futures::future::ready(match change {
+            Change::Relisted(listed) => Some(ClaimEvent::Relisted(
+                listed.iter().filter_map(claim_of).collect(),
+            )),
+            Change::Applied(obj) => claim_of(&obj).map(ClaimEvent::Applied),
+            Change::Deleted(obj) => Some(ClaimEvent::Deleted {
+                slot: obj.spec.slot_id(),
+                node: obj.spec.node,
+            }),
+            Change::Interrupted(e) => {
+                tracing::warn!(error = %e, "slot claim watch interrupted");
+                Some(ClaimEvent::Interrupted(e.to_string()))
+            }
         })
+    })
 }

@@ -11,10 +11,10 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use steward_api::{Configuration, Instance};
 use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
+use steward_kube::{Change, follow};
 use tokio::sync::mpsc;
 
 use super::instance::ServedInstance;
@@ -206,23 +206,16 @@ pub(crate) async fn watch_instances(
     directory: Option<InstanceDirectory>,
     tx: mpsc::Sender<CatalogEvent>,
 ) {
-    let api = Api::<Instance>::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut changes = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
     let mut all: BTreeMap<(String, String), Instance> = BTreeMap::new();
-    let mut listing: Option<BTreeMap<(String, String), Instance>> = None;
     let mut last: Option<BTreeMap<String, ServedInstance>> = None;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => listing = Some(BTreeMap::new()),
-            Ok(Event::InitApply(inst)) => {
-                if let (Some(buf), Some(k)) = (listing.as_mut(), key_of(&inst.metadata)) {
-                    buf.insert(k, inst);
-                }
-            }
-            Ok(Event::InitDone) => {
-                all = listing.take().unwrap_or_default();
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Relisted(listed) => {
+                all = listed
+                    .into_iter()
+                    .filter_map(|inst| Some((key_of(&inst.metadata)?, inst)))
+                    .collect();
                 if let Some(dir) = &directory {
                     for inst in all.values() {
                         if let Some(r) = InstanceRef::of(inst) {
@@ -231,7 +224,7 @@ pub(crate) async fn watch_instances(
                     }
                 }
             }
-            Ok(Event::Apply(inst)) => {
+            Change::Applied(inst) => {
                 if let (Some(dir), Some(r)) = (&directory, InstanceRef::of(&inst)) {
                     dir.insert(r);
                 }
@@ -239,7 +232,7 @@ pub(crate) async fn watch_instances(
                     all.insert(k, inst);
                 }
             }
-            Ok(Event::Delete(inst)) => {
+            Change::Deleted(inst) => {
                 if let Some(k) = key_of(&inst.metadata) {
                     if let Some(dir) = &directory
                         && dir.get(&k.1).is_some_and(|r| r.namespace == k.0)
@@ -249,13 +242,10 @@ pub(crate) async fn watch_instances(
                     all.remove(&k);
                 }
             }
-            Err(e) => {
+            Change::Interrupted(e) => {
                 tracing::warn!(error = %e, "Instance watch failed; retrying");
                 continue;
             }
-        }
-        if listing.is_some() {
-            continue;
         }
         let served = served_on(&all, &node);
         if last.as_ref() != Some(&served) {
@@ -269,23 +259,16 @@ pub(crate) async fn watch_instances(
 
 /// Configurations of every namespace: their broker properties.
 pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<CatalogEvent>) {
-    let api = Api::<Configuration>::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut changes = follow(
+        Api::<Configuration>::all(client),
+        watcher::Config::default(),
+    )
+    .boxed();
     let mut known: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut listing: Option<Vec<Configuration>> = None;
-    while let Some(ev) = stream.next().await {
+    while let Some(change) = changes.next().await {
         let mut out = Vec::new();
-        match ev {
-            Ok(Event::Init) => listing = Some(Vec::new()),
-            Ok(Event::InitApply(c)) => {
-                if let Some(buf) = listing.as_mut() {
-                    buf.push(c);
-                }
-            }
-            Ok(Event::InitDone) => {
-                let listed = listing.take().unwrap_or_default();
+        match change {
+            Change::Relisted(listed) => {
                 let mut now_known = BTreeSet::new();
                 for c in listed {
                     if let Some(k) = key_of(&c.metadata) {
@@ -298,19 +281,21 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
                 }
                 known = now_known;
             }
-            Ok(Event::Apply(c)) => {
+            Change::Applied(c) => {
                 if let Some(k) = key_of(&c.metadata) {
                     known.insert(k.clone());
                     out.push((k, Some(c.spec.broker_properties.clone())));
                 }
             }
-            Ok(Event::Delete(c)) => {
+            Change::Deleted(c) => {
                 if let Some(k) = key_of(&c.metadata) {
                     known.remove(&k);
                     out.push((k, None));
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "Configuration watch failed; retrying"),
+            Change::Interrupted(e) => {
+                tracing::warn!(error = %e, "Configuration watch failed; retrying")
+            }
         }
         for (key, props) in out {
             if tx.send(CatalogEvent::Broker { key, props }).await.is_err() {
@@ -329,24 +314,16 @@ pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
     core: Arc<SlotKeeper<L, C>>,
     podres: PodResourcesClient,
 ) {
-    let api = Api::<Pod>::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut listing: Option<Vec<PodInfo>> = None;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => listing = Some(Vec::new()),
-            Ok(Event::InitApply(pod)) => {
-                if let (Some(buf), Some(info)) = (listing.as_mut(), pod_info(&pod, false)) {
-                    buf.push(info);
-                }
-            }
-            Ok(Event::InitDone) => {
-                let pods = listing.take().unwrap_or_default();
+    let mut changes = follow(Api::<Pod>::all(client), config).boxed();
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Relisted(listed) => {
+                let pods: Vec<PodInfo> = listed.iter().filter_map(|p| pod_info(p, false)).collect();
                 tracing::debug!(pods = pods.len(), "pod list of this node");
                 core.pods_listed(&pods).await;
             }
-            Ok(Event::Apply(pod)) => {
+            Change::Applied(pod) => {
                 if let Some(info) = pod_info(&pod, false)
                     && core.pod_observed(&info).await
                 {
@@ -360,12 +337,12 @@ pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
                     }
                 }
             }
-            Ok(Event::Delete(pod)) => {
+            Change::Deleted(pod) => {
                 if let Some(info) = pod_info(&pod, true) {
                     core.pod_observed(&info).await;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+            Change::Interrupted(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
         }
     }
 }

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use steward_api::{Configuration, ConfigurationSpec, DiscoveryProperty, KeyRef, config_key};
 use steward_core::discovery::ConfigKey;
 use steward_discovery::DiscoverRequest;
+use steward_kube::{Change, follow};
 use tokio::sync::mpsc;
 
 use super::{ConfigEvent, ConfigSnapshot};
@@ -186,9 +186,11 @@ where
     K::DynamicType: Default,
 {
     let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    watcher::watcher(api, by_name)
-        .default_backoff()
-        .map(|e| e.map(|e| matches!(e, Event::Apply(_) | Event::Delete(_) | Event::InitDone)))
+    follow(api, by_name)
+        .map(|change| match change {
+            Change::Relisted(_) | Change::Applied(_) | Change::Deleted(_) => Ok(true),
+            Change::Interrupted(e) => Err(e),
+        })
         .boxed()
 }
 
@@ -276,10 +278,11 @@ impl Drop for SourceWatches {
 /// their discovery properties read; send spec changes, and changes of the
 /// resolved properties, to `tx`. Ends when `tx` closes.
 pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
-    let api = Api::<Configuration>::all(client.clone());
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut changes = follow(
+        Api::<Configuration>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .boxed();
     let (source_tx, mut source_rx) = mpsc::channel(64);
     let mut watches = SourceWatches {
         client: client.clone(),
@@ -287,11 +290,10 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
         tasks: BTreeMap::new(),
     };
     let mut known: BTreeMap<ConfigKey, Known> = BTreeMap::new();
-    let mut relist: Option<BTreeSet<ConfigKey>> = None;
     loop {
-        let ev = tokio::select! {
-            ev = stream.next() => match ev {
-                Some(ev) => ev,
+        let change = tokio::select! {
+            change = changes.next() => match change {
+                Some(change) => change,
                 None => return,
             },
             Some(changed) = source_rx.recv() => {
@@ -304,73 +306,70 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
                 continue;
             }
         };
-        let event = match ev {
-            Ok(e) => e,
-            Err(e) => {
+        let out = match change {
+            Change::Interrupted(e) => {
                 tracing::warn!(error = %e, "Configuration watch failed; retrying");
                 continue;
             }
-        };
-        let out = match event {
-            Event::Init => {
-                relist = Some(BTreeSet::new());
-                Vec::new()
-            }
-            Event::InitApply(c) | Event::Apply(c) => {
-                let Ok(key) = config_key(&c) else { continue };
-                if let Some(seen) = relist.as_mut() {
-                    seen.insert(key.clone());
+            Change::Relisted(listed) => {
+                let mut out = Vec::new();
+                let mut seen = BTreeSet::new();
+                for c in listed {
+                    let Ok(key) = config_key(&c) else { continue };
+                    seen.insert(key);
+                    out.extend(applied(&client, &mut known, c).await);
                 }
-                if known.get(&key).map(|k| &k.configuration.spec) == Some(&c.spec) {
-                    continue;
-                }
-                match snapshot(&client, c).await {
-                    Some(s) => {
-                        known.insert(
-                            key.clone(),
-                            Known {
-                                sources: property_sources(&key.namespace, &s.configuration.spec),
-                                configuration: s.configuration.clone(),
-                                request: s.request.clone(),
-                            },
-                        );
-                        watches.sync(&known);
-                        vec![ConfigEvent::Applied(Box::new(s))]
-                    }
-                    None => Vec::new(),
-                }
-            }
-            Event::InitDone => {
-                let seen = relist.take().unwrap_or_default();
                 let gone: Vec<ConfigKey> = known
                     .keys()
                     .filter(|k| !seen.contains(*k))
                     .cloned()
                     .collect();
-                let mut out: Vec<ConfigEvent> = gone
-                    .into_iter()
-                    .map(|k| {
-                        known.remove(&k);
-                        ConfigEvent::Deleted(k)
-                    })
-                    .collect();
+                for k in gone {
+                    known.remove(&k);
+                    out.push(ConfigEvent::Deleted(k));
+                }
                 out.push(ConfigEvent::Synced(known.keys().cloned().collect()));
-                watches.sync(&known);
                 out
             }
-            Event::Delete(c) => {
+            Change::Applied(c) => applied(&client, &mut known, c).await.into_iter().collect(),
+            Change::Deleted(c) => {
                 let Ok(key) = config_key(&c) else { continue };
                 known.remove(&key);
-                watches.sync(&known);
                 vec![ConfigEvent::Deleted(key)]
             }
         };
+        watches.sync(&known);
         for e in out {
             if tx.send(e).await.is_err() {
                 return;
             }
         }
     }
+}
+
+/// A Configuration created or changed: resolved and recorded in `known`,
+/// reported unless its spec is what was last reported. `None` for an
+/// unchanged spec, a Configuration without a valid key, or one whose
+/// properties cannot be read yet.
+async fn applied(
+    client: &kube::Client,
+    known: &mut BTreeMap<ConfigKey, Known>,
+    c: Configuration,
+) -> Option<ConfigEvent> {
+    let key = config_key(&c).ok()?;
+    if known.get(&key).map(|k| &k.configuration.spec) == Some(&c.spec) {
+        return None;
+    }
+    let s = snapshot(client, c).await?;
+    known.insert(
+        key.clone(),
+        Known {
+            sources: property_sources(&key.namespace, &s.configuration.spec),
+            configuration: s.configuration.clone(),
+            request: s.request.clone(),
+        },
+    );
+    Some(ConfigEvent::Applied(Box::new(s)))
 }
 
 /// `changed` changed: resolve again the properties of every Configuration

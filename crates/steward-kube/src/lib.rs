@@ -1,0 +1,11 @@
+//! The Kubernetes API adapter steward's components share.
+//!
+//! * [`follow`] / [`changes`]: one way to follow a watch. kube-runtime's
+//!   watcher reports a (re)list as `Init`, one `InitApply` per object and
+//!   `InitDone`; every consumer had to buffer those into "the complete set"
+//!   itself. Here they arrive as one [`Change::Relisted`] with the whole
+//!   list, so a consumer only ever sees complete pictures.
+
+mod watch;
+
+pub use watch::{Change, changes, follow};
