@@ -1,30 +1,65 @@
 //! The agent's metrics. The caller owns the registry and passes it in
 //! explicitly; nothing is registered globally.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Label set: ordered `(name, value)` pairs.
-pub type Labels = Vec<(String, String)>;
+/// `{configuration, reason}`: a rejected device.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    /// `namespace/name` of the Configuration.
+    pub configuration: String,
+    /// Why validation refused the device.
+    pub reason: String,
+}
+
+/// `{state}`: a handler state (`Waiting`, `Active`, `Offline`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// The state.
+    pub state: String,
+}
+
+/// `{configuration}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigurationLabels {
+    /// `namespace/name` of the Configuration.
+    pub configuration: String,
+}
+
+/// `{op}`: an Instance write operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// The operation.
+    pub op: String,
+}
+
+/// `{handler}`: a discovery handler's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandlerLabels {
+    /// The handler.
+    pub handler: String,
+}
 
 /// Handles to the agent's metric families (cheap to clone; clones share values).
 #[derive(Clone, Debug, Default)]
 pub struct AgentMetrics {
     /// `steward_discovery_rejected_devices_total{configuration,reason}`
-    pub rejected_devices: Family<Labels, Counter>,
+    pub rejected_devices: Family<RejectedLabels, Counter>,
     /// `steward_discovery_handlers{state}`: registered handlers by state.
-    pub handlers: Family<Labels, Gauge>,
+    pub handlers: Family<StateLabels, Gauge>,
     /// `steward_discovery_instances{configuration}`: Instances of a
     /// Configuration that list this node.
-    pub instances: Family<Labels, Gauge>,
+    pub instances: Family<ConfigurationLabels, Gauge>,
     /// `steward_discovery_instance_writes_total{op}`
-    pub instance_writes: Family<Labels, Counter>,
+    pub instance_writes: Family<OpLabels, Counter>,
     /// `steward_discovery_instance_conflicts_total`
     pub instance_conflicts: Counter,
     /// `steward_discovery_handler_connections_lost_total{handler}`
-    pub connections_lost: Family<Labels, Counter>,
+    pub connections_lost: Family<HandlerLabels, Counter>,
     /// Device plugin metrics (`steward_deviceplugin_*`).
     pub device_plugins: crate::deviceplugin::DevicePluginMetrics,
 }
@@ -69,28 +104,32 @@ impl AgentMetrics {
 
     pub(crate) fn rejected(&self, configuration: &str, reason: &str) {
         self.rejected_devices
-            .get_or_create(&vec![
-                ("configuration".into(), configuration.into()),
-                ("reason".into(), reason.into()),
-            ])
+            .get_or_create(&RejectedLabels {
+                configuration: configuration.into(),
+                reason: reason.into(),
+            })
             .inc();
     }
 
     pub(crate) fn write(&self, op: &str) {
         self.instance_writes
-            .get_or_create(&vec![("op".into(), op.into())])
+            .get_or_create(&OpLabels { op: op.into() })
             .inc();
     }
 
     pub(crate) fn lost(&self, handler: &str) {
         self.connections_lost
-            .get_or_create(&vec![("handler".into(), handler.into())])
+            .get_or_create(&HandlerLabels {
+                handler: handler.into(),
+            })
             .inc();
     }
 
     pub(crate) fn set_instances(&self, configuration: &str, n: usize) {
         self.instances
-            .get_or_create(&vec![("configuration".into(), configuration.into())])
+            .get_or_create(&ConfigurationLabels {
+                configuration: configuration.into(),
+            })
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
@@ -101,7 +140,9 @@ impl AgentMetrics {
             ("Offline", offline),
         ] {
             self.handlers
-                .get_or_create(&vec![("state".into(), state.into())])
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }

@@ -128,7 +128,9 @@ async fn storm_of_200_pods_over_3_slots() {
             a.metrics
                 .device_plugins
                 .allocations
-                .get_or_create(&vec![("result".into(), "ok".into())])
+                .get_or_create(&steward_agent::deviceplugin::ResultLabels {
+                    result: "ok".into(),
+                })
                 .get()
         })
         .unwrap();

@@ -32,6 +32,7 @@ use steward_kube::{Change, follow};
 use tracing::{debug, info, warn};
 
 use crate::config::FileConfig;
+pub use crate::config::{ClusterConfig, DEFAULT_NAMESPACE};
 use crate::error::ResmgrError;
 use crate::metrics::Metrics;
 
@@ -50,37 +51,6 @@ pub const EXCLUSIVE_CPUS_RESOURCE: &str = "resmgr.steward.dev/exclusive-cpus";
 pub const CONFIG_KEY: &str = "config.yaml";
 /// Prefix of the ConfigMap names.
 pub const CONFIGMAP_PREFIX: &str = "steward-resmgr";
-/// Namespace of the ConfigMaps unless configured otherwise.
-pub const DEFAULT_NAMESPACE: &str = "kube-system";
-
-/// Where the cluster configuration comes from and which Node is ours.
-#[derive(Clone)]
-pub struct ClusterConfig {
-    /// API server client.
-    pub client: kube::Client,
-    /// This node's name (the Node object and `steward-resmgr.node.<name>`).
-    pub node_name: String,
-    /// Namespace of the ConfigMaps.
-    pub namespace: String,
-    /// How long [`crate::Proxy::start`] waits for the first resolved cluster
-    /// configuration before starting with the file (or the defaults).
-    pub initial_timeout: Duration,
-    /// Delay before a failed Node patch is retried.
-    pub publish_retry: Duration,
-}
-
-impl ClusterConfig {
-    /// ConfigMaps in `kube-system`, 5 s initial wait, 5 s publish retry.
-    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
-        Self {
-            client,
-            node_name: node_name.into(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            initial_timeout: Duration::from_secs(5),
-            publish_retry: Duration::from_secs(5),
-        }
-    }
-}
 
 impl std::fmt::Debug for ClusterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -46,13 +46,45 @@ pub struct ProxyConfig {
     pub metrics: Metrics,
     /// Cluster interface: configuration from ConfigMaps (overriding the
     /// file while one applies) and publishing to the Node. `None` = off.
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<ClusterConfig>,
     /// Serve the pod resources API (podresources v1 + watch) over this
     /// manager's assignments on this socket; the agent follows it so its
     /// own pod resources socket shows the whole node. `None` = off.
     pub pod_resources_socket: Option<PathBuf>,
     /// Metrics of that server.
     pub pod_resources_metrics: steward_podresources::PodResourcesMetrics,
+}
+
+/// Namespace of the ConfigMaps unless configured otherwise.
+pub const DEFAULT_NAMESPACE: &str = "kube-system";
+
+/// Where the cluster configuration comes from and which Node is ours.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    /// API server client.
+    pub client: kube::Client,
+    /// This node's name (the Node object and `steward-resmgr.node.<name>`).
+    pub node_name: String,
+    /// Namespace of the ConfigMaps.
+    pub namespace: String,
+    /// How long [`crate::Proxy::start`] waits for the first resolved cluster
+    /// configuration before starting with the file (or the defaults).
+    pub initial_timeout: Duration,
+    /// Delay before a failed Node patch is retried.
+    pub publish_retry: Duration,
+}
+
+impl ClusterConfig {
+    /// ConfigMaps in `kube-system`, 5 s initial wait, 5 s publish retry.
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            node_name: node_name.into(),
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            initial_timeout: Duration::from_secs(5),
+            publish_retry: Duration::from_secs(5),
+        }
+    }
 }
 
 impl ProxyConfig {

@@ -16,7 +16,6 @@ use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::types::{PrinterColumn, ResourceType};
-use crate::watch::render;
 
 /// What the client accepts back for get / list / watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,6 +409,19 @@ pub fn table(
         "columnDefinitions": if headers { Value::Array(defs(&p)) } else { Value::Null },
         "rows": rows,
     })
+}
+
+/// Renders an object for the response (full, or `PartialObjectMetadata`).
+pub fn render(obj: &Value, metadata_only: bool) -> Value {
+    if metadata_only {
+        json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        })
+    } else {
+        obj.clone()
+    }
 }
 
 /// Renders a get / list / watch object in the negotiated form (tables are built by

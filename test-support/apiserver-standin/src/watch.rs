@@ -42,19 +42,6 @@ pub struct WatchParams {
     pub bookmark_interval: Duration,
 }
 
-/// Renders an object for the response (full, or `PartialObjectMetadata`).
-pub fn render(obj: &Value, metadata_only: bool) -> Value {
-    if metadata_only {
-        json!({
-            "kind": "PartialObjectMetadata",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
-        })
-    } else {
-        obj.clone()
-    }
-}
-
 impl WatchFilter {
     fn in_scope(&self, obj: &Value) -> bool {
         match &self.ns {

@@ -1,19 +1,36 @@
-//! Metrics of the device plugins, part of [`crate::AgentMetrics`].
+//! Metrics of the device plugins, part of the agent's metrics.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::metrics::Labels;
+/// `{result}`: an Allocate outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok`, `unknown_device`, `held_elsewhere`, `unavailable`, ...
+    pub result: String,
+}
+
+/// `{store, op, result}`: a claim store operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimOpLabels {
+    /// `local` or `cluster`.
+    pub store: String,
+    /// `write` or `delete`.
+    pub op: String,
+    /// The outcome.
+    pub result: String,
+}
 
 /// Handles to the device-plugin metric families (clones share values).
 #[derive(Clone, Debug)]
 pub struct DevicePluginMetrics {
     /// `steward_deviceplugin_allocations_total{result}`: Allocate calls by
     /// outcome (`ok`, `unknown_device`, `held_elsewhere`, `unavailable`, ...).
-    pub allocations: Family<Labels, Counter>,
+    pub allocations: Family<ResultLabels, Counter>,
     /// `steward_deviceplugin_allocate_seconds`: Allocate latency, claims
     /// included.
     pub allocate_seconds: Histogram,
@@ -22,7 +39,7 @@ pub struct DevicePluginMetrics {
     /// `steward_deviceplugin_plugins`: plugins currently served.
     pub plugins: Gauge,
     /// `steward_deviceplugin_claim_ops_total{store,op,result}`.
-    pub claim_ops: Family<Labels, Counter>,
+    pub claim_ops: Family<ClaimOpLabels, Counter>,
     /// `steward_deviceplugin_slots_released_total`: slots freed (pod gone,
     /// expired, rolled back).
     pub released: Counter,
@@ -78,17 +95,19 @@ impl DevicePluginMetrics {
 
     pub(crate) fn allocation(&self, result: &str) {
         self.allocations
-            .get_or_create(&vec![("result".into(), result.into())])
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
             .inc();
     }
 
     pub(crate) fn claim_op(&self, store: &str, op: &str, result: &str) {
         self.claim_ops
-            .get_or_create(&vec![
-                ("store".into(), store.into()),
-                ("op".into(), op.into()),
-                ("result".into(), result.into()),
-            ])
+            .get_or_create(&ClaimOpLabels {
+                store: store.into(),
+                op: op.into(),
+                result: result.into(),
+            })
             .inc();
     }
 }

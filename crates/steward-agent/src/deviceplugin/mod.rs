@@ -48,7 +48,7 @@ use tokio::task::JoinSet;
 pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
 pub use self::instance::{NUMA_PROPERTY, ServedInstance};
 pub use self::keeper::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
-pub use self::metrics::DevicePluginMetrics;
+pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels};
 pub use self::names::{env_name, resource_name, socket_name};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
