@@ -1,4 +1,4 @@
-//! Reclaim: the three allocate/delete orderings of seed 000, the last slot
+//! Reclaim: the three allocate/delete orderings (documented in `steward_core::slots`), the last slot
 //! (akri#849), terminated versus deleted pods.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

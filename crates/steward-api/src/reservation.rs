@@ -1,4 +1,4 @@
-//! The `Reservation` custom resource (seed 002): capacity held for one pod
+//! The `Reservation` custom resource: capacity held for one pod
 //! at scheduling time. One per pod, in the pod's namespace, named after it
 //! ([`steward_core::reservation::reservation_name`]) and owned by it.
 //!

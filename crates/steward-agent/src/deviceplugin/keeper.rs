@@ -4,7 +4,7 @@
 //! Every input (Allocate, pod events, pod resources, cluster claims, ticks,
 //! Instances) takes the lock, feeds the ledger and carries out the returned
 //! effects before releasing it: effects come out in order, per slot, and an
-//! Allocate racing a delete waits for it (seed 000, ordering 2).
+//! Allocate racing a delete waits for it (ordering 2 of the three in `steward_core::slots`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;

@@ -1,4 +1,4 @@
-//! CPU and memory topology model and allocation policies (seed 003).
+//! CPU and memory topology model and allocation policies.
 //!
 //! Pure and deterministic: a [`Topology`] (built by the `steward-topology`
 //! crate from sysfs, or synthetically) and a [`PolicyConfig`] go into

@@ -81,7 +81,8 @@ pub struct RegistryConfig {
 }
 
 impl RegistryConfig {
-    /// Five minutes, as in the seed design.
+    /// Five minutes: long enough for a handler to restart or be rolled out
+    /// without being removed.
     pub const DEFAULT_OFFLINE_GRACE_MS: u64 = 300_000;
     pub const DEFAULT_RETRY_INTERVAL_MS: u64 = 5_000;
 }

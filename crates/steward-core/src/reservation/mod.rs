@@ -1,4 +1,4 @@
-//! Reservations (seed 002): capacity held for a pod at scheduling time, so
+//! Reservations: capacity held for a pod at scheduling time, so
 //! the scheduler's belief and what the nodes grant agree.
 //!
 //! The sharpest case is a shared Instance: seen by three nodes with

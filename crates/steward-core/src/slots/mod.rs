@@ -1,4 +1,4 @@
-//! Device-plugin slot ledger (seed 000): which slot of which Instance this
+//! Device-plugin slot ledger: which slot of which Instance this
 //! node holds, for which pod, and what kubelet may be told.
 //!
 //! Each Instance is served as one device plugin with `capacity` devices, the
@@ -102,7 +102,7 @@
 //!   that this node has no claim for. Entries naming a pod the watch has not
 //!   delivered yet wait for it (up to `pending_timeout_ms`).
 //!
-//! # The three allocate/delete orderings of seed 000
+//! # The three allocate/delete orderings
 //!
 //! 1. *Allocate after the delete completed*: the slot is free, Allocate
 //!    claims it anew.

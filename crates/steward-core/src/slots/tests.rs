@@ -165,7 +165,7 @@ impl Store {
     }
 }
 
-// ----- the three orderings of seed 000 -----------------------------------
+// ----- the three allocate/delete orderings -----------------------------------
 
 #[test]
 fn ordering_allocate_after_delete_completed_claims_the_free_slot() {
