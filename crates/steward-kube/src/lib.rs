@@ -5,7 +5,11 @@
 //!   `InitDone`; every consumer had to buffer those into "the complete set"
 //!   itself. Here they arrive as one [`Change::Relisted`] with the whole
 //!   list, so a consumer only ever sees complete pictures.
+//! * [`EventSink`]: Kubernetes Events through a bounded queue, so writing
+//!   one never waits on the API server.
 
+mod events;
 mod watch;
 
+pub use events::{EventSink, QUEUE as EVENT_QUEUE, pod_ref};
 pub use watch::{Change, changes, follow};

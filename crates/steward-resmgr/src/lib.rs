@@ -51,7 +51,8 @@ pub use config::{FileConfig, ProxyConfig};
 pub use error::ResmgrError;
 pub use metrics::Metrics;
 pub use resmgr::{
-    ControlReport, Event, PipelineGuard, ResourceManager, ResyncReport, VerifyReport,
+    ControlReport, Event, POLICY_DECISION_FAILED, PipelineGuard, ResourceManager, ResyncReport,
+    VerifyReport,
 };
 
 /// A running proxy.
@@ -223,6 +224,10 @@ impl Proxy {
         }
         let (publish_tx, publish_rx) = watch::channel(None);
         if let Some(c) = &cfg.cluster {
+            let (sink, events_task) =
+                steward_kube::EventSink::start(c.client.clone(), "steward-cri-proxy", &c.node_name);
+            manager.emit_events(sink);
+            tasks.push(events_task);
             let _ = publish_tx.send(Some(manager.publication().await));
             tasks.push(tokio::spawn(cluster::NodePublisher::new(c).run(
                 publish_rx,

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::serde::Deserialize as _;
 use kube::Api;
@@ -21,9 +22,10 @@ use serde_yaml::Value;
 use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::{AgentConfig, AgentTimings, Mode};
 use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
+use steward_proto::cri::runtime::v1 as cri;
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
 use steward_testing_apiserver::{Access, ApiServer};
-use steward_testing_containerd::Containerd;
+use steward_testing_containerd::{ContainerSpec as CriContainer, Containerd, PodNetwork};
 use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -263,6 +265,89 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     pcfg.cluster = Some(cluster);
     let proxy = Proxy::start(pcfg).await.expect("CRI proxy starts");
 
+    // A container the policy refuses (64 exclusive CPUs) is refused to the
+    // caller and reported on its Pod as a Warning Event.
+    // (Pods live in a namespace; the stand-in refuses Events elsewhere.)
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": steward_testing_containerd::POD_NAMESPACE },
+    }))
+    .unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let (mut rt, _img) = steward_testing_containerd::cri_client(dir.path().join("cri.sock"))
+        .await
+        .unwrap();
+    let sandbox = ctd.pod_config("refused", PodNetwork::Host);
+    let sid = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let mut greedy = CriContainer::new("greedy").build(&sandbox);
+    greedy.linux.get_or_insert_with(Default::default).resources =
+        Some(cri::LinuxContainerResources {
+            cpu_shares: 65536,
+            cpu_quota: 6_400_000,
+            cpu_period: 100_000,
+            memory_limit_in_bytes: 32 << 20,
+            ..Default::default()
+        });
+    let refused = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sid.clone(),
+            config: Some(greedy),
+            sandbox_config: Some(sandbox.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let pod = sandbox.metadata.clone().unwrap();
+    let events: Api<EventV1> = Api::namespaced(api.client(), &pod.namespace);
+    let event = eventually("a PolicyDecisionFailed Event on the Pod", || {
+        let events = events.clone();
+        let name = pod.name.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(steward_resmgr::POLICY_DECISION_FAILED)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(name.as_str())
+                })
+        }
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let regarding = event.regarding.clone().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Pod"));
+    assert_eq!(regarding.uid.as_deref(), Some(pod.uid.as_str()));
+    let note = event.note.clone().unwrap_or_default();
+    assert!(note.contains("\"greedy\""), "{note}");
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: sid.clone(),
+    })
+    .await
+    .unwrap();
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sid,
+    })
+    .await
+    .unwrap();
+
     // The agent with device plugins, as its ServiceAccount, beside a kubelet.
     let root = dir.path().join("kubelet");
     let kubelet = Kubelet::start(KubeletConfig {
@@ -397,4 +482,5 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     let by_proxy = check(&api, &objects, &proxy_sa);
     assert!(did(&by_proxy, "watch", "configmaps"), "{by_proxy:#?}");
     assert!(did(&by_proxy, "patch", "nodes"), "{by_proxy:#?}");
+    assert!(did(&by_proxy, "create", "events"), "{by_proxy:#?}");
 }

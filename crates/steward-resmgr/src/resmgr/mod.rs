@@ -6,6 +6,9 @@
 
 mod pipeline;
 mod reconfigure;
+mod refusals;
+
+pub use refusals::POLICY_DECISION_FAILED;
 mod resync;
 mod verify;
 
@@ -95,6 +98,8 @@ pub struct ResourceManager {
     /// The node view this manager publishes its assignments to, if any
     /// (the pod resources server's hub).
     view: std::sync::OnceLock<Arc<steward_podresources::Hub>>,
+    /// Where Events on Pods go (cluster mode only).
+    pod_events: std::sync::OnceLock<steward_kube::EventSink>,
 }
 
 fn policy_err(e: PolicyError) -> ResmgrError {
@@ -164,6 +169,7 @@ impl ResourceManager {
             allow_policy_switch,
             reports: std::sync::Mutex::new(VecDeque::new()),
             view: std::sync::OnceLock::new(),
+            pod_events: std::sync::OnceLock::new(),
         }
     }
 

@@ -119,7 +119,7 @@ impl ResourceManager {
     /// `CreateContainer`: allocate, edit the request, relay, then push the
     /// decision to the other containers it changed. On any failure the
     /// allocation is rolled back and the runtime has not been told anything.
-    pub async fn create_container(
+    pub(super) async fn create_container_decided(
         &self,
         req: cri::CreateContainerRequest,
     ) -> Result<cri::CreateContainerResponse, ResmgrError> {
