@@ -7,8 +7,11 @@
 //!   list, so a consumer only ever sees complete pictures.
 //! * [`EventSink`]: Kubernetes Events through a bounded queue, so writing
 //!   one never waits on the API server.
+//! * [`lease::elect`]: leader election on a `coordination.k8s.io` Lease
+//!   (client-go's algorithm), for components that must have one writer.
 
 mod events;
+pub mod lease;
 mod watch;
 
 pub use events::{EventSink, QUEUE as EVENT_QUEUE, pod_ref};
