@@ -219,6 +219,58 @@ impl ReservationLedger {
         }])
     }
 
+    /// A reservation as a previous writer recorded it (a controller that
+    /// took over reads the Reservation objects back). A `Reserved` one is
+    /// kept as it was if its node still sees every Instance and each of its
+    /// slots is free for the pod and matches the request; otherwise it goes
+    /// back to `Requested` to be decided again. Other phases are kept, with
+    /// nothing held. Replaces what the ledger had for that pod.
+    pub fn restore(&mut self, r: Reservation) -> Vec<Change> {
+        let uid = r.pod.uid.clone();
+        self.reservations.remove(&uid);
+        let mut r = r;
+        r.request.retain(|_, n| *n > 0);
+        if r.phase == Phase::Reserved && !self.still_holds(&r) {
+            r.phase = Phase::Requested;
+            r.node = None;
+            r.slots.clear();
+            r.decided_at = None;
+            r.reason = None;
+            let changes = vec![Change::Phase {
+                uid: uid.clone(),
+                phase: Phase::Requested,
+            }];
+            self.reservations.insert(uid, r);
+            return changes;
+        }
+        if r.phase != Phase::Reserved {
+            r.node = None;
+            r.slots.clear();
+        }
+        self.reservations.insert(uid, r);
+        Vec::new()
+    }
+
+    /// Whether a recorded `Reserved` reservation is still valid here.
+    fn still_holds(&self, r: &Reservation) -> bool {
+        let Some(node) = r.node.as_deref() else {
+            return false;
+        };
+        let mut per: BTreeMap<&str, u32> = BTreeMap::new();
+        for slot in &r.slots {
+            let Some((instance, _)) = slot.rsplit_once('-') else {
+                return false;
+            };
+            if !r.request.contains_key(instance) || !self.slot_usable(slot, node, &r.pod.uid) {
+                return false;
+            }
+            *per.entry(instance).or_default() += 1;
+        }
+        r.request
+            .iter()
+            .all(|(i, n)| per.get(i.as_str()).copied().unwrap_or(0) == *n)
+    }
+
     /// The single writer's decision on a `Requested` reservation: the first
     /// candidate (in the scheduler's order) that can hold every request
     /// gets the slots (`Reserved`), or `Rejected` with each candidate's

@@ -28,6 +28,8 @@ enum Op {
     Bound(usize, usize),
     Forget(usize),
     Tick(u64),
+    /// A successor controller reads back pod `.0`'s last decision.
+    Restore(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -50,6 +52,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..PODS.len(), 0..NODES.len()).prop_map(|(p, n)| Op::Bound(p, n)),
         1 => (0..PODS.len()).prop_map(Op::Forget),
         1 => (0u64..600).prop_map(Op::Tick),
+        2 => (0..PODS.len()).prop_map(Op::Restore),
         // Rarely: an empty request or no candidates (refused, nothing changes).
         1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::new(), vec![0])),
         1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::from([(0, 1)]), Vec::new())),
@@ -116,6 +119,9 @@ proptest! {
         // The cluster's claims as the nodes made them (mirrors the ledger's).
         let mut claims: BTreeMap<String, String> = BTreeMap::new();
         let mut now = Millis(0);
+        // Decisions as a controller would have written them (possibly
+        // stale by the time a successor reads them back).
+        let mut saved: BTreeMap<usize, crate::reservation::Reservation> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::SetInstance(i, capacity, nodes) => {
@@ -137,6 +143,9 @@ proptest! {
                     let before = l.reservation(PODS[p]).cloned();
                     let _ = l.decide(PODS[p], now);
                     let after = l.reservation(PODS[p]).cloned();
+                    if let Some(a) = &after {
+                        saved.insert(p, a.clone());
+                    }
                     if let (Some(b), Some(a)) = (before, after) {
                         if b.phase == Phase::Requested {
                             prop_assert!(matches!(a.phase, Phase::Reserved | Phase::Rejected));
@@ -177,6 +186,19 @@ proptest! {
                 Op::Forget(p) => {
                     l.forget(PODS[p]);
                     prop_assert!(l.reservation(PODS[p]).is_none());
+                }
+                Op::Restore(p) => {
+                    if let Some(r) = saved.get(&p).cloned() {
+                        l.restore(r.clone());
+                        let now_r = l.reservation(PODS[p]).cloned();
+                        prop_assert!(now_r.is_some());
+                        if let Some(n) = now_r {
+                            prop_assert!(n.phase == r.phase || (r.phase == Phase::Reserved && n.phase == Phase::Requested));
+                            if n.phase == Phase::Reserved {
+                                prop_assert_eq!(&n.slots, &r.slots, "a restored reservation moved");
+                            }
+                        }
+                    }
                 }
                 Op::Tick(dt) => {
                     now = Millis(now.0 + dt);
