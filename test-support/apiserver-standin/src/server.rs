@@ -317,6 +317,34 @@ fn dispatch(
     };
     let watch = flag(&q, "watch");
     let verb = verb_of(method, name.is_some(), watch);
+    if sub.as_deref() == Some("binding")
+        && rt.plural == "pods"
+        && rt.group.is_empty()
+        && method == Method::POST
+        && let (Some(n), Some(ns)) = (name.as_deref(), ns.as_deref())
+    {
+        let mut store = sh.lock()?;
+        store.stats.request("create");
+        store.stats.access(crate::stats::Access {
+            user: headers
+                .get("impersonate-user")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+            verb: "create".into(),
+            group: String::new(),
+            resource: "pods/binding".into(),
+            namespace: Some(ns.to_owned()),
+        });
+        store.stats.write("pods/binding".into());
+        let binding = json_body(headers, &body)?;
+        store.bind_pod(&rt, ns, n, &binding)?;
+        return Ok(json_response(
+            201,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            &[],
+        ));
+    }
     let sub_kind = match sub.as_deref() {
         None => Sub::Main,
         Some("status") if rt.status_subresource => Sub::Status,

@@ -970,6 +970,60 @@ impl Store {
         })
     }
 
+    /// POST `pods/<name>/binding` (what a scheduler does): sets
+    /// `spec.nodeName` to the Binding's target, once. A pod already bound
+    /// answers 409, as kube-apiserver does.
+    pub fn bind_pod(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        binding: &Value,
+    ) -> Result<WriteResult, ApiError> {
+        let target = binding
+            .get("target")
+            .and_then(|t| t.get("name"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::bad_request("Binding without target.name"))?;
+        let key = rt.storage_key();
+        let existing = self
+            .lookup(&key, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        if let Some(node) = existing
+            .get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                &rt.group,
+                "pods/binding",
+                name,
+                &format!("pod {name} is already assigned to node \"{node}\""),
+            ));
+        }
+        if meta_str(&existing, "deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                &rt.group,
+                "pods/binding",
+                name,
+                "the pod is being deleted",
+            ));
+        }
+        let mut cand = existing.clone();
+        if let Some(Value::Object(spec)) = cand.get_mut("spec") {
+            spec.insert("nodeName".into(), json!(target));
+        }
+        let stored = self.put(&key, cand, Some(existing));
+        Ok(WriteResult {
+            object: Self::present(rt, &stored),
+            warnings: Vec::new(),
+            created: true,
+        })
+    }
+
     fn update_hook(
         &self,
         rt: &ResourceType,

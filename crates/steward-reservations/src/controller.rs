@@ -1,0 +1,196 @@
+//! `steward controller`: the only writer of reservation decisions.
+//!
+//! Replicas elect a leader on a Lease; only the leader follows the cluster
+//! and writes statuses, and it stops the moment it is no longer leader (the
+//! deciding task is dropped mid-flight; a write it had sent either landed —
+//! and is what the next leader restores — or did not).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{FutureExt as _, StreamExt};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use steward_api::{API_VERSION, Instance, Reservation, SlotClaim};
+use steward_core::Millis;
+use steward_kube::lease::{LeaseConfig, elect};
+use steward_kube::{EventSink, follow};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::world::{World, Write};
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// The Lease replicas elect on.
+    pub lease: LeaseConfig,
+    /// How long a Reserved reservation waits for its pod's claims.
+    pub ttl: Duration,
+    /// How often reservations are checked for expiry with nothing else
+    /// happening.
+    pub resync: Duration,
+}
+
+impl ControllerConfig {
+    /// Lease `steward-controller` in `namespace`, as `identity`; 2 minute
+    /// TTL; 1 s expiry checks.
+    pub fn new(namespace: &str, identity: &str) -> Self {
+        Self {
+            lease: LeaseConfig::new(namespace, "steward-controller", identity),
+            ttl: Duration::from_secs(120),
+            resync: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What went wrong around the decisions (never a decision itself).
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("the leader election task failed: {0}")]
+    Election(#[from] tokio::task::JoinError),
+}
+
+fn now() -> Millis {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    Millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Runs until `stop` is cancelled: stands for election and decides while
+/// leading.
+pub async fn run(
+    client: kube::Client,
+    cfg: ControllerConfig,
+    stop: CancellationToken,
+) -> Result<(), ControllerError> {
+    let (mut leading, election) = elect(client.clone(), cfg.lease.clone(), stop.clone());
+    // Aborting this task (a crash) takes the election down with it: no
+    // orphaned renewals keep a dead controller's Lease alive.
+    let election = AbortOnDropHandle::new(election);
+    let (events, events_task) =
+        EventSink::start(client.clone(), "steward-controller", &cfg.lease.identity);
+    let events_task = AbortOnDropHandle::new(events_task);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            r = leading.wait_for(|l| *l) => if r.is_err() { break },
+        }
+        tracing::info!(identity = %cfg.lease.identity, "leading: deciding reservations");
+        tokio::select! {
+            () = decide(client.clone(), &cfg, events.clone()) => {}
+            () = lost(&mut leading) => {
+                tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
+            }
+            () = stop.cancelled() => break,
+        }
+    }
+    drop(events);
+    let _ = events_task.await;
+    election.await?;
+    Ok(())
+}
+
+async fn lost(leading: &mut watch::Receiver<bool>) {
+    let _ = leading.wait_for(|l| !*l).await;
+}
+
+/// Follows the cluster and writes decisions; never returns on its own.
+async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink) {
+    let all = watcher::Config::default;
+    let mut instances = follow(Api::<Instance>::all(client.clone()), all()).boxed();
+    let mut claims = follow(Api::<SlotClaim>::all(client.clone()), all()).boxed();
+    let mut reservations = follow(Api::<Reservation>::all(client.clone()), all()).boxed();
+    let mut pods = follow(Api::<Pod>::all(client.clone()), all()).boxed();
+    let mut nodes = follow(Api::<Node>::all(client.clone()), all()).boxed();
+    let mut tick = tokio::time::interval(cfg.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut world = World::default();
+    let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tokio::select! {
+            Some(c) = instances.next() => world.instances(c),
+            Some(c) = claims.next() => world.slot_claims(c),
+            Some(c) = reservations.next() => world.reservations(c),
+            Some(c) = pods.next() => world.pods(c),
+            Some(c) = nodes.next() => world.nodes(c),
+            _ = tick.tick() => {}
+        }
+        // Take everything already waiting before deciding, so a burst is
+        // one rebuild.
+        while let Some(Some(c)) = reservations.next().now_or_never() {
+            world.reservations(c);
+        }
+        for w in world.reconcile(ttl_ms, now()) {
+            // A written decision counts at once: the next rebuild must not
+            // hand its slots to another pod before the watch echoes it.
+            if let Some(written) = write(&client, &events, w).await {
+                world.reservations(steward_kube::Change::Applied(written));
+            }
+        }
+    }
+}
+
+/// Writes one status under the resourceVersion it was decided from; a
+/// conflict is left to the next rebuild (the watch brings the newer object).
+async fn write(client: &kube::Client, events: &EventSink, w: Write) -> Option<Reservation> {
+    let api = Api::<Reservation>::namespaced(client.clone(), &w.namespace);
+    let status = w.object.status.clone().unwrap_or_default();
+    match api
+        .replace_status(&w.name, &PostParams::default(), &w.object)
+        .await
+    {
+        Ok(written) => {
+            tracing::debug!(reservation = %w.name, phase = %status.phase, "decided");
+            if w.from.as_deref() != Some(status.phase.as_str()) {
+                let (type_, note) = match status.phase.as_str() {
+                    "Reserved" => (
+                        EventType::Normal,
+                        format!(
+                            "reserved {} on {}",
+                            status.slots.join(", "),
+                            status.node.as_deref().unwrap_or("?")
+                        ),
+                    ),
+                    "Rejected" => (
+                        EventType::Warning,
+                        status.reason.clone().unwrap_or_default(),
+                    ),
+                    _ => (EventType::Normal, status.reason.clone().unwrap_or_default()),
+                };
+                events.emit(
+                    reservation_ref(&w.namespace, &w.name),
+                    type_,
+                    &status.phase,
+                    "Decide",
+                    note,
+                );
+            }
+            Some(written)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            tracing::debug!(reservation = %w.name, "changed since read; deciding again");
+            None
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(e) => {
+            tracing::warn!(reservation = %w.name, error = %e, "writing a decision failed");
+            None
+        }
+    }
+}
+
+fn reservation_ref(namespace: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(API_VERSION.into()),
+        kind: Some("Reservation".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}

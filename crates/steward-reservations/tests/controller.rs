@@ -1,0 +1,381 @@
+//! The reservation controller against the API server stand-in: a shared
+//! Instance counted once, every way a reservation is released, consumption
+//! by the pod's claims, and a second replica that takes over from exactly
+//! what the first persisted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use steward_api::{
+    Instance, InstanceSpec, PodRef, Reservation, ReservationSpec, SlotClaim, SlotClaimSpec,
+};
+use steward_reservations::{ControllerConfig, run};
+use steward_testing_apiserver::ApiServer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Controller {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Controller {
+    fn start(api: &ApiServer, identity: &str, ttl: Duration) -> Self {
+        let mut cfg = ControllerConfig::new("steward-system", identity);
+        cfg.ttl = ttl;
+        cfg.resync = Duration::from_millis(100);
+        cfg.lease.lease_duration = Duration::from_secs(2);
+        cfg.lease.renew_deadline = Duration::from_millis(1500);
+        cfg.lease.retry_period = Duration::from_millis(100);
+        let stop = CancellationToken::new();
+        let client = api.client();
+        let s = stop.clone();
+        let task = tokio::spawn(async move {
+            run(client, cfg, s).await.unwrap();
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        (&mut self.task).await.unwrap();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn setup() -> ApiServer {
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    for ns in ["steward-system", "other"] {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(api.client())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    for n in ["n1", "n2", "n3"] {
+        node(&api, n).await;
+    }
+    api
+}
+
+async fn node(api: &ApiServer, name: &str) {
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Node>::all(api.client())
+        .create(&PostParams::default(), &n)
+        .await
+        .unwrap();
+}
+
+async fn instance(api: &ApiServer, name: &str, capacity: u32, nodes: &[&str]) {
+    let spec = InstanceSpec {
+        configuration_name: "cams".into(),
+        device_id: name.into(),
+        shared: nodes.len() > 1,
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        capacity,
+        properties: BTreeMap::new(),
+        mounts: Vec::new(),
+        device_specs: Vec::new(),
+        cdi_name: String::new(),
+    };
+    Api::<Instance>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &Instance::new(name, spec))
+        .await
+        .unwrap();
+}
+
+/// A pending pod and its Reservation (as the extender's Filter makes it).
+async fn pod_with_reservation(
+    api: &ApiServer,
+    name: &str,
+    slots: &[(&str, u32)],
+    nodes: &[&str],
+) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    let spec = ReservationSpec {
+        pod: PodRef {
+            namespace: NS.into(),
+            name: name.into(),
+            uid: uid.clone(),
+        },
+        slots: slots.iter().map(|(i, n)| (i.to_string(), *n)).collect(),
+        exclusive_cpus: 0,
+        candidates: nodes.iter().map(|n| n.to_string()).collect(),
+        cancel: None,
+    };
+    Api::<Reservation>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &Reservation::new(name, spec))
+        .await
+        .unwrap();
+    uid
+}
+
+async fn phase_of(api: &ApiServer, name: &str, want: &str) -> Reservation {
+    let rs = Api::<Reservation>::namespaced(api.client(), NS);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = rs.get(name).await.unwrap();
+        if r.status.as_ref().is_some_and(|s| s.phase == want) {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never became {want}: {:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn events_for(api: &ApiServer, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(api.client(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shared_instance_is_reserved_once_cluster_wide() {
+    let api = setup().await;
+    instance(&api, "cam", 2, &["n1", "n2", "n3"]).await;
+    let c = Controller::start(&api, "c1", Duration::from_secs(60));
+    pod_with_reservation(&api, "p1", &[("cam", 1)], &["n1"]).await;
+    pod_with_reservation(&api, "p2", &[("cam", 1)], &["n2"]).await;
+    let r1 = phase_of(&api, "p1", "Reserved").await;
+    let r2 = phase_of(&api, "p2", "Reserved").await;
+    pod_with_reservation(&api, "p3", &[("cam", 1)], &["n3"]).await;
+    let r3 = phase_of(&api, "p3", "Rejected").await;
+    let s1 = r1.status.unwrap();
+    let s2 = r2.status.unwrap();
+    assert_eq!(s1.node.as_deref(), Some("n1"));
+    assert_eq!(s2.node.as_deref(), Some("n2"));
+    assert_ne!(s1.slots, s2.slots, "one slot reserved twice");
+    let reason = r3.status.unwrap().reason.unwrap();
+    assert!(
+        reason.contains("n3: cam: 0 of 2 slots free, 1 wanted"),
+        "{reason}"
+    );
+    // Events on the Reservations say what was decided.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let e = events_for(&api, "p3").await;
+        if e.iter().any(|e| {
+            e.reason.as_deref() == Some("Rejected") && e.type_.as_deref() == Some("Warning")
+        }) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Rejected event: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn every_way_out_releases_and_nothing_is_stuck() {
+    let api = setup().await;
+    instance(&api, "cam", 5, &["n1", "n2"]).await;
+    let c = Controller::start(&api, "c1", Duration::from_millis(1500));
+    for p in ["gone", "unreserved", "diverted", "expired", "orphaned"] {
+        let nodes: &[&str] = if p == "orphaned" { &["n2"] } else { &["n1"] };
+        pod_with_reservation(&api, p, &[("cam", 1)], nodes).await;
+        phase_of(&api, p, "Reserved").await;
+    }
+    let pods = Api::<Pod>::namespaced(api.client(), NS);
+    let rs = Api::<Reservation>::namespaced(api.client(), NS);
+    // The pod is deleted.
+    pods.delete("gone", &DeleteParams::default()).await.unwrap();
+    // The scheduler unreserves (the extender sets spec.cancel).
+    let mut r = rs.get("unreserved").await.unwrap();
+    r.spec.cancel = Some("binding failed".into());
+    rs.replace("unreserved", &PostParams::default(), &r)
+        .await
+        .unwrap();
+    // The pod is bound to another node than the reserved one.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "diverted"},
+        "target": {"kind": "Node", "name": "n2"},
+    });
+    let _: serde_json::Value = pods
+        .create_subresource("binding", "diverted", &PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // The reserved node is deleted.
+    Api::<Node>::all(api.client())
+        .delete("n2", &DeleteParams::default())
+        .await
+        .unwrap();
+    for (name, why) in [
+        ("unreserved", "unreserved: binding failed"),
+        ("diverted", "bound to n2, not the reserved node"),
+        ("orphaned", "n2"),
+        // "expired" is never consumed: the TTL releases it.
+        ("expired", "not consumed within 1500 ms"),
+    ] {
+        let r = phase_of(&api, name, "Canceled").await;
+        let reason = r.status.unwrap().reason.unwrap();
+        assert!(reason.contains(why), "{name}: {reason}");
+        assert!(
+            events_for(&api, name)
+                .await
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("Canceled"))
+                || {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    events_for(&api, name)
+                        .await
+                        .iter()
+                        .any(|e| e.reason.as_deref() == Some("Canceled"))
+                },
+            "{name}: no Canceled event"
+        );
+    }
+    // The deleted pod's reservation is released (its object would be
+    // garbage-collected with the pod in a real cluster).
+    let r = phase_of(&api, "gone", "Canceled").await;
+    assert!(
+        r.status
+            .unwrap()
+            .reason
+            .unwrap()
+            .contains("the pod is gone")
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn the_pods_own_claim_consumes_its_reservation_and_a_claim_wins_over_others() {
+    let api = setup().await;
+    instance(&api, "cam", 1, &["n1", "n2"]).await;
+    let c = Controller::start(&api, "c1", Duration::from_millis(1500));
+    let uid = pod_with_reservation(&api, "p1", &[("cam", 1)], &["n1"]).await;
+    let r = phase_of(&api, "p1", "Reserved").await;
+    assert_eq!(r.status.unwrap().slots, ["cam-0"]);
+    // The pod runs on n1 and its claim holds the slot.
+    let claim = SlotClaim::new(
+        "cam-0",
+        SlotClaimSpec {
+            instance: "cam".into(),
+            slot: 0,
+            node: "n1".into(),
+            epoch: 1,
+            pod: Some(PodRef {
+                namespace: NS.into(),
+                name: "p1".into(),
+                uid,
+            }),
+            container: Some("main".into()),
+            since: 1,
+            awaiting: None,
+            reservation: None,
+        },
+    );
+    Api::<SlotClaim>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let rs = Api::<Reservation>::namespaced(api.client(), NS);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = rs.get("p1").await.unwrap().status.unwrap();
+        if s.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("consumed"))
+        {
+            assert_eq!(s.phase, "Reserved");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never consumed: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Consumed, it is not expired by the TTL...
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        rs.get("p1").await.unwrap().status.unwrap().phase,
+        "Reserved"
+    );
+    // ...and the slot stays taken for everyone else.
+    pod_with_reservation(&api, "p2", &[("cam", 1)], &["n2"]).await;
+    phase_of(&api, "p2", "Rejected").await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_replica_decides_only_when_leading_and_keeps_what_was_decided() {
+    let api = setup().await;
+    instance(&api, "cam", 2, &["n1", "n2", "n3"]).await;
+    let first = Controller::start(&api, "c1", Duration::from_secs(60));
+    pod_with_reservation(&api, "p1", &[("cam", 1)], &["n1"]).await;
+    let before = phase_of(&api, "p1", "Reserved").await.status.unwrap();
+    let second = Controller::start(&api, "c2", Duration::from_secs(60));
+    // The first dies without releasing the Lease (kill -9).
+    first.task.abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lease = Api::<Lease>::namespaced(api.client(), "steward-system")
+        .get("steward-controller")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("c1"));
+    let last_renewal = u64::try_from(lease.renew_time.unwrap().0.as_millisecond()).unwrap();
+    pod_with_reservation(&api, "p2", &[("cam", 1)], &["n2"]).await;
+    let after = phase_of(&api, "p2", "Reserved").await.status.unwrap();
+    // Nobody decided while the dead leader's Lease could still be valid.
+    let decided = after.decided_at.unwrap();
+    assert!(
+        decided >= last_renewal + 1990,
+        "decided {} ms after the dead leader's last renewal",
+        decided.saturating_sub(last_renewal)
+    );
+    assert_ne!(
+        before.slots, after.slots,
+        "the successor reused a reserved slot"
+    );
+    let kept = phase_of(&api, "p1", "Reserved").await.status.unwrap();
+    assert_eq!(
+        kept, before,
+        "the successor changed a decision it inherited"
+    );
+    second.stop().await;
+    drop(first);
+}
