@@ -94,4 +94,14 @@ pub enum SourceError {
     Parse { path: PathBuf, message: String },
     #[error("resolving discovery property {property}: {message}")]
     Property { property: String, message: String },
+    /// Reading the Secret or ConfigMap a property refers to failed.
+    #[error("resolving discovery property {property}: reading {kind} {namespace}/{name}")]
+    PropertySource {
+        property: String,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
 }

@@ -1,38 +1,62 @@
-//! Human-readable durations used in discovery details (`"200ms"`, `"2s"`,
-//! `"1.5s"`, `"1m"`, `"1h"`).
+//! Human-readable durations, in Go's `time.ParseDuration` grammar as
+//! Kubernetes objects use it (`metav1.Duration`): one or more terms of a
+//! decimal number (optionally with a fraction) and a unit, e.g. `200ms`,
+//! `1.5s`, `1m30s`, `2h45m`. Units: `ns`, `us` (or `µs`), `ms`, `s`, `m`,
+//! `h`. A bare number is refused (the unit is required), as is a sign.
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h`; the number may
-/// have a fractional part. A bare number is refused (the unit is required).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration {text:?} has no unit (use ms, s, m or h)"))?;
-    let (number, unit) = text.split_at(split);
-    if number.is_empty() {
-        return Err(format!("duration {text:?} does not start with a number"));
-    }
-    let value: f64 = number
-        .parse()
-        .map_err(|e| format!("duration {text:?}: bad number {number:?}: {e}"))?;
-    let millis_per_unit = match unit {
-        "ms" => 1.0,
-        "s" => 1_000.0,
-        "m" => 60_000.0,
-        "h" => 3_600_000.0,
-        other => {
-            return Err(format!(
-                "duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"
-            ));
-        }
+/// Why a duration was refused; `text` is what was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("duration {text:?}: {reason}")]
+pub struct DurationError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// Parses a duration (see the module documentation).
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let t = text.trim();
+    let err = |reason| DurationError {
+        text: t.to_owned(),
+        reason,
     };
-    let millis = value * millis_per_unit;
-    if !millis.is_finite() || millis > (u64::MAX / 2) as f64 {
-        return Err(format!("duration {text:?} is out of range"));
+    if t.is_empty() {
+        return Err(err("is empty"));
     }
-    Ok(Duration::from_micros((millis * 1_000.0).round() as u64))
+    let mut rest = t;
+    let mut nanos: f64 = 0.0;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| err("has no unit (use ns, us, ms, s, m or h)"))?;
+        let (number, tail) = rest.split_at(end);
+        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+            return Err(err("needs a number before each unit"));
+        }
+        let value: f64 = number.parse().map_err(|_| err("has a bad number"))?;
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_end);
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(err("has an unknown unit (use ns, us, ms, s, m or h)")),
+        };
+        nanos += value * scale;
+        rest = next;
+    }
+    if !nanos.is_finite() || nanos > u64::MAX as f64 {
+        return Err(err("is out of range"));
+    }
+    Ok(Duration::from_nanos(nanos.round() as u64))
 }
 
 #[cfg(test)]
@@ -46,14 +70,37 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration(" 1h "), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("7ns"), Ok(Duration::from_nanos(7)));
     }
 
     #[test]
-    fn rejects_garbage() {
-        assert!(parse_duration("2").is_err());
-        assert!(parse_duration("s").is_err());
-        assert!(parse_duration("2 parsecs").is_err());
-        assert!(parse_duration("1.2.3s").is_err());
-        assert!(parse_duration("").is_err());
+    fn parses_compound_durations() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h45m"), Ok(Duration::from_secs(9900)));
+        assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1.5m10s"), Ok(Duration::from_secs(100)));
+    }
+
+    #[test]
+    fn rejects_garbage_with_a_reason() {
+        for bad in [
+            "2",
+            "s",
+            "2 parsecs",
+            "1.2.3s",
+            "",
+            "-1s",
+            "1m30",
+            "1x",
+            ".s",
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(!e.to_string().is_empty(), "{bad}");
+        }
+        assert_eq!(
+            parse_duration("1m30").unwrap_err().to_string(),
+            "duration \"1m30\": has no unit (use ns, us, ms, s, m or h)"
+        );
     }
 }

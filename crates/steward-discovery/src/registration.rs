@@ -32,32 +32,63 @@ pub struct Registration {
     pub shared: bool,
 }
 
+/// Why a registration was refused (the message is sent back to the
+/// handler as `INVALID_ARGUMENT`).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RegistrationError {
+    /// What is wrong, naming the offending value.
+    pub message: String,
+    /// The URL parser's own error, for a NETWORK endpoint that is no URL.
+    #[source]
+    pub source: Option<http::uri::InvalidUri>,
+}
+
+impl From<String> for RegistrationError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for RegistrationError {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
 /// Checks a wire registration: a non-empty printable name, and an absolute
 /// unix socket path (UDS) or an `http(s)://host[:port]` URL (NETWORK).
-pub fn validate(req: &proto::RegisterDiscoveryHandlerRequest) -> Result<Registration, String> {
+pub fn validate(
+    req: &proto::RegisterDiscoveryHandlerRequest,
+) -> Result<Registration, RegistrationError> {
     let name = req.name.as_str();
     if name.is_empty() {
-        return Err("discovery handler name must not be empty".into());
+        return Err(RegistrationError::from(
+            "discovery handler name must not be empty",
+        ));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "discovery handler name is {} bytes long, the limit is {MAX_NAME_LEN}",
             name.len()
-        ));
+        )));
     }
     if let Some(c) = name.chars().find(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "discovery handler name {name:?} contains the character {c:?}"
-        ));
+        )));
     }
     let endpoint = match EndpointType::try_from(req.endpoint_type) {
         Ok(EndpointType::Uds) => Endpoint::Uds(validate_uds_path(&req.endpoint)?),
         Ok(EndpointType::Network) => Endpoint::Network(validate_url(&req.endpoint)?),
         Err(_) => {
-            return Err(format!(
+            return Err(RegistrationError::from(format!(
                 "unknown endpoint type {} (0 = UDS, 1 = NETWORK)",
                 req.endpoint_type
-            ));
+            )));
         }
     };
     Ok(Registration {
@@ -69,65 +100,70 @@ pub fn validate(req: &proto::RegisterDiscoveryHandlerRequest) -> Result<Registra
     })
 }
 
-fn validate_uds_path(path: &str) -> Result<String, String> {
+fn validate_uds_path(path: &str) -> Result<String, RegistrationError> {
     if path.is_empty() {
         return Err(
             "UDS endpoint must be an absolute unix socket path, got an empty string".into(),
         );
     }
     if !path.starts_with('/') {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "UDS endpoint must be an absolute unix socket path, got {path:?}"
-        ));
+        )));
     }
     if path.contains('\0') {
-        return Err("UDS endpoint contains a NUL byte".into());
+        return Err(RegistrationError::from("UDS endpoint contains a NUL byte"));
     }
     if path.ends_with('/') {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "UDS endpoint {path:?} names a directory, not a socket"
-        ));
+        )));
     }
     if path.len() > MAX_UDS_PATH_LEN {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "UDS endpoint {path:?} is {} bytes long, unix sockets allow {MAX_UDS_PATH_LEN}",
             path.len()
-        ));
+        )));
     }
     Ok(path.to_string())
 }
 
-fn validate_url(url: &str) -> Result<String, String> {
+fn validate_url(url: &str) -> Result<String, RegistrationError> {
     if url.len() > MAX_URL_LEN {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "NETWORK endpoint is {} bytes long, the limit is {MAX_URL_LEN}",
             url.len()
-        ));
+        )));
     }
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("NETWORK endpoint {url:?} is not a URL: {e}"))?;
+    let uri: http::Uri = url.parse().map_err(|e| RegistrationError {
+        message: format!("NETWORK endpoint {url:?} is not a URL: {e}"),
+        source: Some(e),
+    })?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
         Some(other) => {
-            return Err(format!(
+            return Err(RegistrationError::from(format!(
                 "NETWORK endpoint {url:?} has scheme {other:?}, expected http or https"
-            ));
+            )));
         }
         None => {
-            return Err(format!(
+            return Err(RegistrationError::from(format!(
                 "NETWORK endpoint {url:?} is not a URL (expected http://host:port)"
-            ));
+            )));
         }
     }
     match uri.host() {
         Some(host) if !host.is_empty() => {}
-        _ => return Err(format!("NETWORK endpoint {url:?} has no host")),
+        _ => {
+            return Err(RegistrationError::from(format!(
+                "NETWORK endpoint {url:?} has no host"
+            )));
+        }
     }
     if uri.query().is_some() || !matches!(uri.path(), "" | "/") {
-        return Err(format!(
+        return Err(RegistrationError::from(format!(
             "NETWORK endpoint {url:?} must be http(s)://host[:port] without a path or query"
-        ));
+        )));
     }
     Ok(url.to_string())
 }
@@ -147,7 +183,7 @@ impl registration_server::Registration for RegistrationService {
             Ok(r) => r,
             Err(reason) => {
                 tracing::warn!(name = %req.name, endpoint = %req.endpoint, %reason, "rejected discovery handler registration");
-                return Err(Status::invalid_argument(reason));
+                return Err(Status::invalid_argument(reason.to_string()));
             }
         };
         tracing::info!(name = %registration.key.name, endpoint = ?registration.key.endpoint, shared = registration.shared, "discovery handler registered");
@@ -280,7 +316,10 @@ mod tests {
         for case in cases {
             assert!(validate(&case).is_err(), "accepted {case:?}");
         }
-        let msg = validate(&req("", "/a.sock", 0)).unwrap_err();
+        let msg = validate(&req("", "/a.sock", 0)).unwrap_err().to_string();
         assert!(msg.contains("name must not be empty"), "{msg}");
+        // A URL that does not parse keeps the parser's error as its source.
+        let e = validate(&req("net", "http://[::1", 1)).unwrap_err();
+        assert!(std::error::Error::source(&e).is_some(), "{e}");
     }
 }

@@ -172,14 +172,34 @@ impl AssignmentRecord {
     }
 
     /// Back to the policy type.
-    pub fn to_assignment(&self) -> Result<Assignment, String> {
+    pub fn to_assignment(&self) -> Result<Assignment, RecordError> {
+        let parse = |field: &'static str, value: &str| {
+            CpuSet::parse(value).map_err(|source| RecordError {
+                field,
+                value: value.to_owned(),
+                source,
+            })
+        };
         Ok(Assignment {
-            cpus: CpuSet::parse(&self.cpus).map_err(|e| format!("cpus {:?}: {e}", self.cpus))?,
-            mems: CpuSet::parse(&self.mems).map_err(|e| format!("mems {:?}: {e}", self.mems))?,
+            cpus: parse("cpus", &self.cpus)?,
+            mems: parse("mems", &self.mems)?,
             exclusive: self.exclusive,
             pool: self.pool.clone(),
         })
     }
+}
+
+/// A cached assignment whose CPU or memory-node list does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("cached {field} {value:?} is not a CPU list")]
+pub struct RecordError {
+    /// `cpus` or `mems`.
+    pub field: &'static str,
+    /// What the record holds.
+    pub value: String,
+    /// Why it does not parse.
+    #[source]
+    pub source: steward_core::cpu::CpuSetError,
 }
 
 /// The Linux resources the runtime was last told for a container.
@@ -349,11 +369,12 @@ impl Cache {
     /// Load from `dir` (created if missing).
     pub fn open(dir: &Path) -> Result<(Self, LoadOutcome), ResmgrError> {
         let path = dir.join(CACHE_FILE);
-        let err = |reason: String| ResmgrError::Cache {
+        let err = |action: &'static str, e: std::io::Error| ResmgrError::Cache {
             path: path.clone(),
-            reason,
+            action,
+            source: Box::new(e),
         };
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("creating directory: {e}")))?;
+        std::fs::create_dir_all(dir).map_err(|e| err("creating the directory", e))?;
         let raw = match std::fs::read(&path) {
             Ok(raw) => raw,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -365,7 +386,7 @@ impl Cache {
                     LoadOutcome::Fresh,
                 ));
             }
-            Err(e) => return Err(err(format!("reading: {e}"))),
+            Err(e) => return Err(err("reading", e)),
         };
         let problem = match serde_json::from_slice::<VersionProbe>(&raw) {
             Err(e) => format!("not a cache document: {e}"),
@@ -395,7 +416,7 @@ impl Cache {
                 .map(|d| d.as_secs())
                 .unwrap_or_default()
         ));
-        std::fs::rename(&path, &moved_to).map_err(|e| err(format!("moving aside: {e}")))?;
+        std::fs::rename(&path, &moved_to).map_err(|e| err("moving it aside", e))?;
         warn!(path = %path.display(), %problem, moved_to = %moved_to.display(),
             "cache unusable; starting empty and rebuilding from the runtime");
         Ok((
@@ -429,13 +450,15 @@ impl Cache {
     /// file and fsync the directory, so a crash leaves the old or the new
     /// document, never a torn one.
     pub fn save(&self) -> Result<(), ResmgrError> {
-        let err = |reason: String| ResmgrError::Cache {
+        let err = |action: &'static str, source: crate::error::Cause| ResmgrError::Cache {
             path: self.path.clone(),
-            reason,
+            action,
+            source,
         };
         let bytes =
-            serde_json::to_vec_pretty(&self.data).map_err(|e| err(format!("encoding: {e}")))?;
-        steward_nodeio::durable::write_file(&self.path, &bytes).map_err(|e| err(e.to_string()))
+            serde_json::to_vec_pretty(&self.data).map_err(|e| err("encoding", Box::new(e)))?;
+        steward_nodeio::durable::write_file(&self.path, &bytes)
+            .map_err(|e| err("writing", Box::new(e)))
     }
 
     /// Next creation sequence number.

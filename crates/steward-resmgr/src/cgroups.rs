@@ -58,17 +58,33 @@ pub struct BlockIoClass {
     pub devices: Vec<BlockIoDevice>,
 }
 
+/// A block I/O class the configuration cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockIoClassError {
+    /// A weight outside the cgroup v1 range.
+    #[error("class {class}: weight {weight} outside 1..=1000")]
+    Weight { class: String, weight: u32 },
+    /// A device that is not `major:minor`.
+    #[error("class {class}: device {device:?} is not major:minor")]
+    Device { class: String, device: String },
+}
+
 impl BlockIoClass {
     /// Check ranges and device numbers.
-    pub fn validate(&self, name: &str) -> Result<(), String> {
+    pub fn validate(&self, name: &str) -> Result<(), BlockIoClassError> {
         if let Some(w) = self.weight
             && !(1..=1000).contains(&w)
         {
-            return Err(format!("class {name}: weight {w} outside 1..=1000"));
+            return Err(BlockIoClassError::Weight {
+                class: name.to_owned(),
+                weight: w,
+            });
         }
         for d in &self.devices {
-            parse_major_minor(&d.device)
-                .ok_or_else(|| format!("class {name}: device {:?} is not major:minor", d.device))?;
+            parse_major_minor(&d.device).ok_or_else(|| BlockIoClassError::Device {
+                class: name.to_owned(),
+                device: d.device.clone(),
+            })?;
         }
         Ok(())
     }
@@ -136,14 +152,16 @@ fn read_trimmed(path: &Path) -> Result<String, ResmgrError> {
         .map(|s| s.trim().to_owned())
         .map_err(|e| ResmgrError::Cgroup {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: "reading failed".into(),
+            source: Some(e),
         })
 }
 
 fn write_file(path: &Path, value: &str) -> Result<(), ResmgrError> {
     std::fs::write(path, value).map_err(|e| ResmgrError::Cgroup {
         path: path.to_path_buf(),
-        reason: format!("writing {value:?}: {e}"),
+        reason: format!("writing {value:?} failed"),
+        source: Some(e),
     })
 }
 
@@ -155,6 +173,7 @@ fn parse_pids(path: &Path) -> Result<Vec<u32>, ResmgrError> {
             l.trim().parse().map_err(|_| ResmgrError::Cgroup {
                 path: path.to_path_buf(),
                 reason: format!("not a pid: {l:?}"),
+                source: None,
             })
         })
         .collect()
@@ -206,6 +225,7 @@ impl Cgroups for CgroupV1 {
         let v: u64 = raw.parse().map_err(|_| ResmgrError::Cgroup {
             path: path.clone(),
             reason: format!("not a number: {raw:?}"),
+            source: None,
         })?;
         Ok((v < V1_UNLIMITED).then_some(v))
     }
@@ -224,6 +244,7 @@ impl Cgroups for CgroupV1 {
             return Err(ResmgrError::Cgroup {
                 path: dir,
                 reason: "blkio cgroup does not exist".into(),
+                source: None,
             });
         }
         let mut out = BlockIoOutcome::default();
@@ -325,6 +346,7 @@ impl Cgroups for CgroupV2 {
         raw.parse().map(Some).map_err(|_| ResmgrError::Cgroup {
             path,
             reason: format!("not a number or \"max\": {raw:?}"),
+            source: None,
         })
     }
 
@@ -342,6 +364,7 @@ impl Cgroups for CgroupV2 {
             return Err(ResmgrError::Cgroup {
                 path: dir,
                 reason: "cgroup does not exist".into(),
+                source: None,
             });
         }
         let mut out = BlockIoOutcome::default();
@@ -616,7 +639,12 @@ mod tests {
             device: "sda".into(),
             ..Default::default()
         });
-        assert!(c.validate("x").unwrap_err().contains("major:minor"));
+        assert!(
+            c.validate("x")
+                .unwrap_err()
+                .to_string()
+                .contains("major:minor")
+        );
     }
 
     #[test]

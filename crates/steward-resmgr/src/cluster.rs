@@ -192,6 +192,7 @@ pub fn parse_selected(
         return Err(ResmgrError::Config {
             path: origin,
             reason: format!("no {CONFIG_KEY:?} key"),
+            source: None,
         });
     };
     let config = FileConfig::parse(&doc, &origin)?;
@@ -491,7 +492,7 @@ impl Publication {
     pub fn metadata_patch(&self) -> Result<serde_json::Value, ResmgrError> {
         let topo = serde_json::to_string(&self.topology).map_err(|e| ResmgrError::Cluster {
             action: "encoding the topology summary".to_owned(),
-            reason: e.to_string(),
+            source: Box::new(e),
         })?;
         Ok(serde_json::json!({
             "metadata": {
@@ -549,14 +550,14 @@ impl NodePublisher {
             .await
             .map_err(|e| ResmgrError::Cluster {
                 action: format!("patching node {} metadata", self.node),
-                reason: e.to_string(),
+                source: Box::new(e),
             })?;
         self.api
             .patch_status(&self.node, &params, &Patch::Merge(p.status_patch()))
             .await
             .map_err(|e| ResmgrError::Cluster {
                 action: format!("patching node {} status", self.node),
-                reason: e.to_string(),
+                source: Box::new(e),
             })?;
         debug!(node = %self.node, policy = p.policy.as_str(), "node labels, annotations and capacity published");
         Ok(())

@@ -212,6 +212,7 @@ impl FileConfig {
             return Err(ResmgrError::Config {
                 path: path.to_path_buf(),
                 reason: "the document is empty (write `{}` for all defaults)".into(),
+                source: None,
             });
         }
         Self::parse_document(text, path)
@@ -232,10 +233,19 @@ impl FileConfig {
         let err = |reason: String| ResmgrError::Config {
             path: path.to_path_buf(),
             reason,
+            source: None,
         };
-        let cfg: FileConfig = serde_yaml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let cfg: FileConfig = serde_yaml::from_str(text).map_err(|e| ResmgrError::Config {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+            source: Some(Box::new(e)),
+        })?;
         for (name, class) in &cfg.blockio.classes {
-            class.validate(name).map_err(err)?;
+            class.validate(name).map_err(|e| ResmgrError::Config {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+                source: Some(Box::new(e)),
+            })?;
         }
         for (name, class) in &cfg.rdt.classes {
             if name.is_empty()
@@ -268,7 +278,8 @@ impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, ResmgrError> {
         let text = std::fs::read_to_string(path).map_err(|e| ResmgrError::Config {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: "reading failed".into(),
+            source: Some(Box::new(e)),
         })?;
         Self::parse(&text, path)
     }
@@ -324,7 +335,8 @@ pub(crate) async fn load_initial(
 ) -> Result<(FileConfig, String), ResmgrError> {
     let io_err = |e: std::io::Error| ResmgrError::Config {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        reason: "reading failed".into(),
+        source: Some(Box::new(e)),
     };
     let text = match read_settled(path, settle_time(poll))
         .await
@@ -335,6 +347,7 @@ pub(crate) async fn load_initial(
             return Err(ResmgrError::Config {
                 path: path.to_path_buf(),
                 reason: "the file kept changing while it was read".into(),
+                source: None,
             });
         }
     };

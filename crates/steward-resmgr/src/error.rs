@@ -2,6 +2,10 @@
 
 use std::path::PathBuf;
 
+/// A cause kept as the error's source (an I/O, decoding, API or transport
+/// error), so the whole chain reaches the log and the caller.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// Everything that can go wrong in the proxy, the pipelines, the cache and
 /// the controllers.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,9 @@ pub enum ResmgrError {
         path: PathBuf,
         /// What failed.
         reason: String,
+        /// The transport error, when there is one.
+        #[source]
+        source: Option<Cause>,
     },
     /// The runtime answered a call with an error.
     #[error("runtime {call} failed: {status}")]
@@ -58,18 +65,49 @@ pub enum ResmgrError {
         id: String,
     },
     /// The policy refused or failed.
-    #[error("policy: {0}")]
-    Policy(String),
+    #[error("policy: {source}")]
+    Policy {
+        /// The policy's own error.
+        #[source]
+        source: Box<steward_core::cpu::PolicyError>,
+    },
+    /// Switching policies failed placing a running container; the running
+    /// policy stays.
+    #[error("switching to {to} failed placing {container}; keeping {keeping}")]
+    PolicySwitch {
+        /// The policy switched to.
+        to: &'static str,
+        /// The container it could not place.
+        container: String,
+        /// The policy kept.
+        keeping: &'static str,
+        /// Why.
+        #[source]
+        source: Box<steward_core::cpu::PolicyError>,
+    },
+    /// The policy answered without an assignment for a container it placed.
+    #[error("policy gave {key} no assignment")]
+    NoAssignment {
+        /// The container key.
+        key: String,
+    },
     /// Topology discovery failed.
-    #[error("topology: {0}")]
-    Topology(String),
+    #[error("topology: {source}")]
+    Topology {
+        /// The sysfs reader's error.
+        #[source]
+        source: Box<steward_topology::TopologyError>,
+    },
     /// Reading, writing or decoding the cache failed.
-    #[error("cache {path}: {reason}")]
+    #[error("cache {path}: {action} failed")]
     Cache {
         /// Cache file.
         path: PathBuf,
-        /// What failed.
-        reason: String,
+        /// What was being done.
+        action: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Cause,
     },
     /// Reading or parsing the configuration failed.
     #[error("configuration {path}: {reason}")]
@@ -78,6 +116,9 @@ pub enum ResmgrError {
         path: PathBuf,
         /// What failed.
         reason: String,
+        /// The reader's or parser's error, when there is one.
+        #[source]
+        source: Option<Cause>,
     },
     /// A cgroup file could not be read or written.
     #[error("cgroup {path}: {reason}")]
@@ -86,6 +127,9 @@ pub enum ResmgrError {
         path: PathBuf,
         /// What failed.
         reason: String,
+        /// The I/O error, when there is one.
+        #[source]
+        source: Option<std::io::Error>,
     },
     /// An out-of-band controller failed.
     #[error("{controller} controller: {reason}")]
@@ -97,12 +141,13 @@ pub enum ResmgrError {
     },
     /// Talking to the API server (cluster configuration, node publishing)
     /// failed.
-    #[error("cluster: {action}: {reason}")]
+    #[error("cluster: {action} failed")]
     Cluster {
         /// What was being done.
         action: String,
-        /// What failed.
-        reason: String,
+        /// The API or encoding error.
+        #[source]
+        source: Cause,
     },
     /// The proxy is shutting down.
     #[error("the resource manager is shutting down")]
@@ -121,10 +166,26 @@ impl ResmgrError {
                 tonic::Status::invalid_argument(self.to_string())
             }
             ResmgrError::NotFound { .. } => tonic::Status::not_found(self.to_string()),
-            ResmgrError::Policy(_) => tonic::Status::resource_exhausted(self.to_string()),
+            ResmgrError::Policy { .. } => tonic::Status::resource_exhausted(self.chain()),
             ResmgrError::ShuttingDown => tonic::Status::unavailable(self.to_string()),
-            _ => tonic::Status::internal(self.to_string()),
+            _ => tonic::Status::internal(self.chain()),
         }
+    }
+
+    /// The message with every cause in its chain, `: `-separated, for a
+    /// caller that sees only text (a gRPC status message).
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            let text = e.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            next = e.source();
+        }
+        out
     }
 
     /// Wrap a runtime status, keeping "cannot connect" apart from "the

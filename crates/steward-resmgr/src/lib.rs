@@ -99,8 +99,10 @@ impl Proxy {
     /// Discover the topology, load the configuration and the cache, re-sync
     /// with the runtime (when it answers), bind the socket and serve.
     pub async fn start(cfg: ProxyConfig) -> Result<Proxy, ResmgrError> {
-        let topology = steward_topology::discover(&cfg.sysfs_root)
-            .map_err(|e| ResmgrError::Topology(e.to_string()))?;
+        let topology =
+            steward_topology::discover(&cfg.sysfs_root).map_err(|e| ResmgrError::Topology {
+                source: Box::new(e),
+            })?;
         let (file_cfg, file_text) = match &cfg.config_file {
             Some(path) => {
                 let (parsed, text) = config::load_initial(path, cfg.config_poll).await?;
@@ -137,8 +139,11 @@ impl Proxy {
             cfg.allow_policy_switch,
         );
         file_cfg.policy.active = kind;
-        let policy = new_policy(kind, &topology, &file_cfg.policy.config)
-            .map_err(|e| ResmgrError::Policy(e.to_string()))?;
+        let policy = new_policy(kind, &topology, &file_cfg.policy.config).map_err(|e| {
+            ResmgrError::Policy {
+                source: Box::new(e),
+            }
+        })?;
         info!(policy = kind.as_str(), cpus = %topology.online_cpus(), "policy ready");
         let cgroups: Arc<dyn cgroups::Cgroups> = Arc::from(cgroups::detect(&cfg.cgroup_root));
         let (events_tx, mut events_rx) = mpsc::channel(256);

@@ -127,6 +127,7 @@ impl Upstream {
             ResmgrError::RuntimeUnreachable {
                 path: self.path.to_path_buf(),
                 reason: format!("{call}: {}", status.message()),
+                source: Some(Box::new(status)),
             }
         } else {
             self.set_healthy(true);

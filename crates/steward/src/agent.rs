@@ -77,7 +77,7 @@ pub struct InstancesArgs {
     state_dir: PathBuf,
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, steward_discovery::duration::DurationError> {
     steward_discovery::duration::parse_duration(s)
 }
 

@@ -167,10 +167,26 @@ impl PluginSite {
     }
 }
 
-async fn register(site: &PluginSite, endpoint: &str, resource_name: &str) -> Result<(), String> {
-    let channel = connect_unix(&site.kubelet_socket(), site.rpc_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
+/// Why registering with kubelet failed.
+#[derive(Debug, thiserror::Error)]
+enum RegisterError {
+    /// kubelet's registration socket could not be dialled.
+    #[error("dialling kubelet: {0}")]
+    Dial(#[from] super::podresources::KubeletError),
+    /// kubelet answered with an error.
+    #[error("kubelet refused: {}", .0.message())]
+    Refused(#[source] Box<tonic::Status>),
+    /// kubelet did not answer in time.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+async fn register(
+    site: &PluginSite,
+    endpoint: &str,
+    resource_name: &str,
+) -> Result<(), RegisterError> {
+    let channel = connect_unix(&site.kubelet_socket(), site.rpc_timeout).await?;
     let mut client = RegistrationClient::new(channel);
     let request = RegisterRequest {
         version: VERSION.into(),
@@ -180,8 +196,8 @@ async fn register(site: &PluginSite, endpoint: &str, resource_name: &str) -> Res
     };
     match tokio::time::timeout(site.rpc_timeout, client.register(request)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(status)) => Err(format!("kubelet refused: {}", status.message())),
-        Err(_) => Err(format!("no answer within {:?}", site.rpc_timeout)),
+        Ok(Err(status)) => Err(RegisterError::Refused(Box::new(status))),
+        Err(_) => Err(RegisterError::Timeout(site.rpc_timeout)),
     }
 }
 

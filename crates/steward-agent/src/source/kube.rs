@@ -40,8 +40,12 @@ pub async fn resolve_properties(
             return Err(err("neither value nor valueFrom is set".into()));
         };
         let value = match (&from.secret_key_ref, &from.config_map_key_ref) {
-            (Some(r), None) => secret_key(client, namespace, r).await.map_err(err)?,
-            (None, Some(r)) => config_map_key(client, namespace, r).await.map_err(err)?,
+            (Some(r), None) => secret_key(client, namespace, r)
+                .await
+                .map_err(|e| read_err(&p.name, "Secret", namespace, r, e))?,
+            (None, Some(r)) => config_map_key(client, namespace, r)
+                .await
+                .map_err(|e| read_err(&p.name, "ConfigMap", namespace, r, e))?,
             _ => {
                 return Err(err(
                     "exactly one of secretKeyRef or configMapKeyRef must be set".into(),
@@ -67,16 +71,31 @@ fn p_optional(from: &steward_api::DiscoveryPropertySource) -> bool {
         .unwrap_or(false)
 }
 
+fn read_err(
+    property: &str,
+    kind: &'static str,
+    namespace: &str,
+    r: &KeyRef,
+    source: kube::Error,
+) -> SourceError {
+    SourceError::PropertySource {
+        property: property.to_owned(),
+        kind,
+        namespace: r.namespace.as_deref().unwrap_or(namespace).to_owned(),
+        name: r.name.clone(),
+        source: Box::new(source),
+    }
+}
+
 async fn secret_key(
     client: &kube::Client,
     namespace: &str,
     r: &KeyRef,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, kube::Error> {
     let ns = r.namespace.as_deref().unwrap_or(namespace);
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(&r.name)
-        .await
-        .map_err(|e| format!("reading Secret {ns}/{}: {e}", r.name))?;
+        .await?;
     Ok(secret.and_then(|s| {
         s.data
             .and_then(|d| d.get(&r.key).map(|v| v.0.clone()))
@@ -91,12 +110,11 @@ async fn config_map_key(
     client: &kube::Client,
     namespace: &str,
     r: &KeyRef,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, kube::Error> {
     let ns = r.namespace.as_deref().unwrap_or(namespace);
     let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
         .get_opt(&r.name)
-        .await
-        .map_err(|e| format!("reading ConfigMap {ns}/{}: {e}", r.name))?;
+        .await?;
     Ok(cm.and_then(|c| {
         c.data
             .as_ref()

@@ -100,7 +100,7 @@ pub fn validate(devices: Vec<Device>, policy: &DevicePolicy) -> (Vec<Device>, Ve
         } else if let Some(bad) = device.properties.keys().find(|k| !is_env_var_name(k)) {
             Err(RejectReason::InvalidPropertyName(bad.clone()))
         } else {
-            normalize_device_paths(&mut device, &allowed).map_err(RejectReason::HostPathNotAllowed)
+            normalize_device_paths(&mut device, &allowed)
         };
         match verdict {
             Ok(()) => accepted.push(device),
@@ -170,9 +170,9 @@ fn under_any(parts: &[&str], prefixes: &[Vec<&str>]) -> bool {
     prefixes.iter().any(|p| parts.starts_with(p))
 }
 
-/// Normalize every host path of `device` in place, or return the first
-/// offending path as reported.
-fn normalize_device_paths(device: &mut Device, allowed: &[Vec<&str>]) -> Result<(), String> {
+/// Normalize every host path of `device` in place, or refuse the device
+/// naming the first offending path as reported.
+fn normalize_device_paths(device: &mut Device, allowed: &[Vec<&str>]) -> Result<(), RejectReason> {
     let paths = device
         .mounts
         .iter_mut()
@@ -182,7 +182,7 @@ fn normalize_device_paths(device: &mut Device, allowed: &[Vec<&str>]) -> Result<
     for path in paths {
         let value = match components(path) {
             Some(parts) if under_any(&parts, allowed) => format!("/{}", parts.join("/")),
-            _ => return Err(path.clone()),
+            _ => return Err(RejectReason::HostPathNotAllowed(path.clone())),
         };
         normalized.push((path, value));
     }

@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::model::{
-    Change, InstanceCapacity, Phase, PodRef, Reservation, ReservationError, SlotRequest, slot_id,
+    Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,
+    slot_id,
 };
 use crate::Millis;
 
@@ -75,22 +76,28 @@ impl ReservationLedger {
         request: &SlotRequest,
         node: &str,
         uid: &str,
-    ) -> Result<BTreeSet<String>, String> {
+    ) -> Result<BTreeSet<String>, Misfit> {
         let mut slots = BTreeSet::new();
         for (instance, want) in request {
             let Some(cap) = self.instances.get(instance) else {
-                return Err(format!("instance {instance} does not exist"));
+                return Err(Misfit::NoInstance {
+                    instance: instance.clone(),
+                });
             };
             if !cap.nodes.contains(node) {
-                return Err(format!("{instance} is not seen by {node}"));
+                return Err(Misfit::NotSeen {
+                    instance: instance.clone(),
+                    node: node.to_owned(),
+                });
             }
             let free = self.free_slots(instance, uid);
             if (free.len() as u64) < u64::from(*want) {
-                return Err(format!(
-                    "{instance}: {} of {} slots free, {want} wanted",
-                    free.len(),
-                    cap.capacity
-                ));
+                return Err(Misfit::TooFew {
+                    instance: instance.clone(),
+                    free: free.len(),
+                    capacity: cap.capacity,
+                    want: *want,
+                });
             }
             slots.extend(
                 free.into_iter()

@@ -26,6 +26,6 @@ mod proptests;
 
 pub use ledger::ReservationLedger;
 pub use model::{
-    Change, InstanceCapacity, Phase, PodRef, Reservation, ReservationError, SlotRequest,
+    Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,
     reservation_name, slot_id,
 };

@@ -100,6 +100,22 @@ pub enum Change {
     Consumed { uid: String },
 }
 
+/// Why a node cannot hold a request (the scheduler logs it per node).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Misfit {
+    #[error("instance {instance} does not exist")]
+    NoInstance { instance: String },
+    #[error("{instance} is not seen by {node}")]
+    NotSeen { instance: String, node: String },
+    #[error("{instance}: {free} of {capacity} slots free, {want} wanted")]
+    TooFew {
+        instance: String,
+        free: usize,
+        capacity: u32,
+        want: u32,
+    },
+}
+
 /// A request the ledger refuses; nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReservationError {

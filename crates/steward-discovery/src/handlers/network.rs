@@ -183,31 +183,48 @@ fn duration_field(
     }
 }
 
+/// A scan target that is not an IP address or an acceptable CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidTarget(pub String);
+
+impl From<String> for InvalidTarget {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
 /// Expands one target (an IP address or a CIDR) to its addresses.
-pub fn expand_target(target: &str) -> Result<Vec<IpAddr>, String> {
+pub fn expand_target(target: &str) -> Result<Vec<IpAddr>, InvalidTarget> {
     let target = target.trim();
     let Some((addr, prefix)) = target.split_once('/') else {
         return target.parse::<IpAddr>().map(|a| vec![a]).map_err(|_| {
-            format!("{target:?} is not an IP address or CIDR (host names are not resolved)")
+            InvalidTarget::from(format!(
+                "{target:?} is not an IP address or CIDR (host names are not resolved)"
+            ))
         });
     };
     let addr: IpAddr = addr
         .parse()
-        .map_err(|_| format!("{target:?}: {addr:?} is not an IP address"))?;
-    let prefix: u32 = prefix
-        .parse()
-        .map_err(|_| format!("{target:?}: prefix length {prefix:?} is not a number"))?;
+        .map_err(|_| InvalidTarget::from(format!("{target:?}: {addr:?} is not an IP address")))?;
+    let prefix: u32 = prefix.parse().map_err(|_| {
+        InvalidTarget::from(format!(
+            "{target:?}: prefix length {prefix:?} is not a number"
+        ))
+    })?;
     match addr {
         IpAddr::V4(v4) => {
             if prefix > 32 {
-                return Err(format!("{target:?}: IPv4 prefix length must be at most 32"));
+                return Err(InvalidTarget::from(format!(
+                    "{target:?}: IPv4 prefix length must be at most 32"
+                )));
             }
             let host_bits = 32 - prefix;
             if host_bits > 12 {
-                return Err(format!(
+                return Err(InvalidTarget::from(format!(
                     "{target:?} holds {} addresses; the largest accepted IPv4 CIDR is /20 ({MAX_CIDR_ADDRESSES} addresses)",
                     1u64 << host_bits
-                ));
+                )));
             }
             let size = 1u32 << host_bits;
             let base = u32::from(v4) & !(size - 1);
@@ -223,15 +240,15 @@ pub fn expand_target(target: &str) -> Result<Vec<IpAddr>, String> {
         }
         IpAddr::V6(v6) => {
             if prefix > 128 {
-                return Err(format!(
+                return Err(InvalidTarget::from(format!(
                     "{target:?}: IPv6 prefix length must be at most 128"
-                ));
+                )));
             }
             let host_bits = 128 - prefix;
             if host_bits > 12 {
-                return Err(format!(
+                return Err(InvalidTarget::from(format!(
                     "{target:?} is larger than /116; the largest accepted IPv6 CIDR holds {MAX_CIDR_ADDRESSES} addresses"
-                ));
+                )));
             }
             let size = 1u128 << host_bits;
             let base = u128::from(v6) & !(size - 1);
@@ -353,7 +370,7 @@ mod tests {
     #[test]
     fn refuses_large_or_bad_targets() {
         let e = expand_target("10.0.0.0/19").unwrap_err();
-        assert!(e.contains("/20"), "{e}");
+        assert!(e.to_string().contains("/20"), "{e}");
         assert!(expand_target("fd00::/100").is_err());
         assert!(expand_target("camera.local").is_err());
         assert!(expand_target("10.0.0.0/33").is_err());

@@ -107,7 +107,9 @@ fn policy_err(e: PolicyError) -> ResmgrError {
         PolicyError::UnknownAnnotation { .. }
         | PolicyError::BadAnnotation { .. }
         | PolicyError::BadRequest { .. } => ResmgrError::InvalidRequest(e.to_string()),
-        other => ResmgrError::Policy(other.to_string()),
+        other => ResmgrError::Policy {
+            source: Box::new(other),
+        },
     }
 }
 
@@ -207,6 +209,7 @@ impl ResourceManager {
                 Err(ResmgrError::RuntimeUnreachable {
                     path: self.upstream.path().to_path_buf(),
                     reason: format!("{name} timed out after {limit:?}"),
+                    source: None,
                 })
             }
             Ok(Err(status)) => Err(self.upstream.classify(name, status)),

@@ -198,9 +198,9 @@ impl ResourceManager {
         let decision = st.policy.allocate(&request).map_err(policy_err)?;
         let Some(own) = st.policy.assignments().get(&key).cloned() else {
             self.rollback(&mut st, &key, prior_request.as_ref()).await;
-            return Err(ResmgrError::Policy(format!(
-                "policy gave {key} no assignment"
-            )));
+            return Err(ResmgrError::NoAssignment {
+                key: key.to_string(),
+            });
         };
         let resources = resources_for(&kubelet, &own, &st.config.cri);
         let mut forwarded = req.clone();
@@ -476,12 +476,11 @@ impl ResourceManager {
             Decision::default()
         };
         let key = new_request.key.clone();
-        let own = st
-            .policy
-            .assignments()
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ResmgrError::Policy(format!("{key} has no assignment")))?;
+        let own = st.policy.assignments().get(&key).cloned().ok_or_else(|| {
+            ResmgrError::NoAssignment {
+                key: key.to_string(),
+            }
+        })?;
         let resources = resources_for(&linux, &own, &st.config.cri);
         let mut forwarded = req.clone();
         forwarded.linux = Some(resources.clone());

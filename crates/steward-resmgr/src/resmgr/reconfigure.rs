@@ -36,6 +36,7 @@ impl ResourceManager {
                         cfg.policy.active.as_str(),
                         running.as_str()
                     ),
+                    source: None,
                 })
             }
         } else if cfg.policy.config != st.config.policy.config {
@@ -64,13 +65,13 @@ impl ResourceManager {
         let mut next = new_policy(kind, &st.topology, cfg).map_err(policy_err)?;
         let mut placed = BTreeMap::new();
         for (id, r, _) in st.cache.allocated() {
-            next.allocate(&r).map_err(|e| {
-                ResmgrError::Policy(format!(
-                    "switching to {} failed placing {id}: {e}; keeping {}",
-                    kind.as_str(),
-                    st.policy.kind().as_str()
-                ))
-            })?;
+            next.allocate(&r)
+                .map_err(|source| ResmgrError::PolicySwitch {
+                    to: kind.as_str(),
+                    container: id.clone(),
+                    keeping: st.policy.kind().as_str(),
+                    source: Box::new(source),
+                })?;
             placed.insert(r.key.clone(), ());
         }
         let d = Decision::from(

@@ -440,7 +440,9 @@ impl ResourceManager {
             .assignments()
             .get(&request.key)
             .cloned()
-            .ok_or_else(|| ResmgrError::Policy(format!("{} has no assignment", request.key)))?;
+            .ok_or_else(|| ResmgrError::NoAssignment {
+                key: request.key.to_string(),
+            })?;
         let resources = resources_for(&kubelet, &own, &st.config.cri);
         let seq = st.cache.next_seq();
         let classes = classes_for(&pod.annotations, &name);

@@ -36,23 +36,28 @@ pub struct ClusterArgs {
     pub request_timeout: Duration,
 }
 
-/// `500ms`, `30s`, `2m`, `1h`, or a bare number of seconds; more than zero.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// Why a `--request-timeout` was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimeoutError {
+    /// Not a duration.
+    #[error(transparent)]
+    Duration(#[from] steward_discovery::duration::DurationError),
+    /// Zero would mean "no timeout"; the CLI always bounds its calls.
+    #[error("the timeout must be more than zero")]
+    Zero,
+}
+
+/// A duration as the rest of steward reads them (`500ms`, `30s`, `1m30s`),
+/// or a bare number of seconds as kubectl's `--request-timeout` takes it;
+/// more than zero.
+fn parse_duration(s: &str) -> Result<Duration, TimeoutError> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 2m, 500ms)"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{s:?} is not a duration (e.g. 30s, 2m, 500ms)")),
+    let d = match s.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => steward_discovery::duration::parse_duration(s)?,
     };
     if d.is_zero() {
-        return Err("the timeout must be more than zero".into());
+        return Err(TimeoutError::Zero);
     }
     Ok(d)
 }
@@ -596,6 +601,8 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("0"), Err(TimeoutError::Zero));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("5 min").is_err());
