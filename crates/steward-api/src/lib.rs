@@ -31,7 +31,7 @@ pub enum CrdError {
     Yaml {
         name: String,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
 }
 
@@ -49,7 +49,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 pub fn crds_yaml() -> Result<String, CrdError> {
     let mut out = String::new();
     for crd in crds() {
-        let doc = serde_yaml::to_string(&crd).map_err(|source| CrdError::Yaml {
+        let doc = serde_yaml_ng::to_string(&crd).map_err(|source| CrdError::Yaml {
             name: crd.metadata.name.clone().unwrap_or_default(),
             source,
         })?;
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn yaml_parses_back_into_the_same_crds() {
         let yaml = crds_yaml().unwrap();
-        let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&yaml)
+        let docs: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&yaml)
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
         assert_eq!(docs, crds());
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn minimal_configuration_gets_defaults() {
-        let c: Configuration = serde_yaml::from_str(
+        let c: Configuration = serde_yaml_ng::from_str(
             "apiVersion: steward.dev/v1alpha1\nkind: Configuration\nmetadata: {name: a, namespace: b}\nspec:\n  discoveryHandler: {name: debug-echo}\n",
         )
         .unwrap();

@@ -235,7 +235,7 @@ impl FileConfig {
             reason,
             source: None,
         };
-        let cfg: FileConfig = serde_yaml::from_str(text).map_err(|e| ResmgrError::Config {
+        let cfg: FileConfig = serde_yaml_ng::from_str(text).map_err(|e| ResmgrError::Config {
             path: path.to_path_buf(),
             reason: e.to_string(),
             source: Some(Box::new(e)),

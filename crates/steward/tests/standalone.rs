@@ -154,8 +154,8 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     let lines: Vec<&str> = logged.lines().filter(|l| !l.trim().is_empty()).collect();
     ensure!(lines.len() >= 3, "too few log lines:\n{logged}");
     for line in &lines {
-        let v: serde_yaml::Value =
-            serde_yaml::from_str(line).with_context(|| format!("not a JSON log line: {line}"))?;
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(line)
+            .with_context(|| format!("not a JSON log line: {line}"))?;
         ensure!(
             line.starts_with('{') && v["level"].as_str().is_some() && v["fields"].is_mapping(),
             "not a JSON log object: {line}"

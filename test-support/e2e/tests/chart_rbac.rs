@@ -18,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::serde::Deserialize as _;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::{AgentConfig, AgentTimings, Mode};
 use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
@@ -64,7 +64,7 @@ fn render(sets: &[&str]) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+    serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
         .filter(|v| !v.is_null())
         .collect()

@@ -21,8 +21,8 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// Parse a multi-document YAML stream of Configurations (empty documents are skipped).
 pub fn parse_configurations(path: &Path, text: &str) -> Result<Vec<Configuration>, SourceError> {
     let mut out = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| SourceError::Parse {
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml_ng::Value::deserialize(doc).map_err(|e| SourceError::Parse {
             path: path.to_owned(),
             message: format!("document {}: {e}", i + 1),
         })?;
@@ -30,7 +30,7 @@ pub fn parse_configurations(path: &Path, text: &str) -> Result<Vec<Configuration
             continue;
         }
         let mut c: Configuration =
-            serde_yaml::from_value(value).map_err(|e| SourceError::Parse {
+            serde_yaml_ng::from_value(value).map_err(|e| SourceError::Parse {
                 path: path.to_owned(),
                 message: format!("document {}: {e}", i + 1),
             })?;

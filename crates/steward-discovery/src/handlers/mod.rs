@@ -38,7 +38,7 @@ pub(crate) fn parse_details<T: serde::de::DeserializeOwned>(
     } else {
         details
     };
-    serde_yaml::from_str(text)
+    serde_yaml_ng::from_str(text)
         .map_err(|e| DiscoveryError::InvalidDetails(format!("{handler}: {e}")))
 }
 
