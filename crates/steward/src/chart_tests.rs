@@ -14,11 +14,16 @@ use serde_yaml_ng::Value;
 use crate::Cli;
 
 /// The value sets CI renders: default, CRI proxy on (cluster configuration),
-/// CRI proxy with a file configuration, handlers as their own DaemonSets,
-/// no RBAC (bring your own), and the smallest agent.
+/// the reservation controller, CRI proxy with a file configuration, handlers
+/// as their own DaemonSets, no RBAC (bring your own), and the smallest agent.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["criProxy.enabled=true"],
+    &[
+        "controller.enabled=true",
+        "controller.reservationTtl=1m30s",
+        "controller.extraArgs={--lease-name=other}",
+    ],
     &[
         "criProxy.enabled=true",
         "criProxy.cluster=false",

@@ -14,6 +14,7 @@ mod agent;
 #[cfg(test)]
 mod chart_tests;
 mod cli;
+mod controller;
 mod cri_proxy;
 mod metrics;
 
@@ -45,6 +46,8 @@ enum Command {
     DiscoveryHandler(DiscoveryHandlerArgs),
     /// Run the CRI resource manager: a proxy between kubelet and the container runtime.
     CriProxy(cri_proxy::CriProxyArgs),
+    /// Run the reservation controller, the only writer of reservation decisions (leader-elected).
+    Controller(controller::ControllerArgs),
     /// Print steward's CustomResourceDefinitions as YAML.
     Crds,
     /// Print the Instances kept by a standalone agent's embedded store.
@@ -116,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Instances(args) => agent::print_instances(&args),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
+        Command::Controller(args) => runtime()?.block_on(controller::run(args)),
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
         Command::Get(cmd) => runtime()?.block_on(cli::get(cmd)),
         Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),

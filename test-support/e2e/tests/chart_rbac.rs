@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::serde::Deserialize as _;
@@ -21,12 +21,16 @@ use kube::api::{ListParams, PostParams};
 use serde_yaml_ng::Value;
 use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::{AgentConfig, AgentTimings, Mode};
-use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
+use steward_api::{
+    Configuration, ConfigurationSpec, Instance, Reservation, ReservationSpec, SlotClaim,
+};
 use steward_proto::cri::runtime::v1 as cri;
+use steward_reservations::ControllerConfig;
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
 use steward_testing_apiserver::{Access, ApiServer};
 use steward_testing_containerd::{ContainerSpec as CriContainer, Containerd, PodNetwork};
 use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
+use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 const RELEASE: &str = "t";
@@ -233,8 +237,9 @@ fn a_grant_the_chart_lacks_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_calls_only_what_the_chart_grants_it() {
-    let objects = render(&["criProxy.enabled=true"]);
+    let objects = render(&["criProxy.enabled=true", "controller.enabled=true"]);
     let agent_sa = format!("{RELEASE}-steward-agent");
+    let controller_sa = format!("{RELEASE}-steward-controller");
     let proxy_sa = format!("{RELEASE}-steward-cri-proxy");
     let ctd = Containerd::shared().expect("containerd (needs root and its packages)");
     let dir = tempfile::tempdir().unwrap();
@@ -463,6 +468,62 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     })
     .await;
 
+    // The reservation controller, as its ServiceAccount: it elects itself
+    // on a Lease in the release namespace and reserves the freed slot for a
+    // pending pod.
+    let release_ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &release_ns)
+        .await
+        .unwrap();
+    let waiting: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "waiting", "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }))
+    .unwrap();
+    let waiting = Api::<Pod>::namespaced(api.client(), "default")
+        .create(&PostParams::default(), &waiting)
+        .await
+        .unwrap();
+    let reservation = Reservation::new(
+        "waiting",
+        ReservationSpec {
+            pod: steward_api::PodRef {
+                namespace: "default".into(),
+                name: "waiting".into(),
+                uid: waiting.metadata.uid.clone().unwrap(),
+            },
+            slots: [(inst.metadata.name.clone().unwrap(), 1)].into(),
+            exclusive_cpus: 0,
+            candidates: vec!["node-a".into()],
+            cancel: None,
+        },
+    );
+    let reservations: Api<Reservation> = Api::namespaced(api.client(), "default");
+    reservations
+        .create(&PostParams::default(), &reservation)
+        .await
+        .unwrap();
+    let mut ccfg = ControllerConfig::new(NAMESPACE, "controller-0");
+    ccfg.lease.retry_period = Duration::from_millis(100);
+    let stop_controller = CancellationToken::new();
+    let controller = tokio::spawn(steward_reservations::run(
+        api.client_as(&user(&controller_sa)).unwrap(),
+        ccfg,
+        stop_controller.clone(),
+    ));
+    eventually("the Reservation decided", || {
+        let reservations = reservations.clone();
+        async move {
+            let r = reservations.get("waiting").await.ok()?;
+            (r.status?.phase == "Reserved").then_some(())
+        }
+    })
+    .await;
+    stop_controller.cancel();
+    controller.await.unwrap().unwrap();
+
     let _ = stop_tx.send(());
     agent.await.unwrap().unwrap();
     proxy.shutdown().await;
@@ -483,4 +544,16 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     assert!(did(&by_proxy, "watch", "configmaps"), "{by_proxy:#?}");
     assert!(did(&by_proxy, "patch", "nodes"), "{by_proxy:#?}");
     assert!(did(&by_proxy, "create", "events"), "{by_proxy:#?}");
+    let by_controller = check(&api, &objects, &controller_sa);
+    for (verb, resource) in [
+        ("watch", "reservations"),
+        ("update", "reservations/status"),
+        ("create", "leases"),
+        ("update", "leases"),
+    ] {
+        assert!(
+            did(&by_controller, verb, resource),
+            "controller never did {verb} {resource}: {by_controller:#?}"
+        );
+    }
 }
