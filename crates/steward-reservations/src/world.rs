@@ -142,11 +142,13 @@ impl World {
         let facts = |p: &Pod| PodFacts {
             node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         };
+        // A pod that ended or is being deleted will never use a reservation.
         let terminal = |p: &Pod| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
+            p.metadata.deletion_timestamp.is_some()
+                || p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
         };
         match change {
             Watch::Relisted(all) => {

@@ -23,6 +23,8 @@ const VALUE_SETS: &[&[&str]] = &[
         "controller.enabled=true",
         "controller.reservationTtl=1m30s",
         "controller.extraArgs={--lease-name=other}",
+        "extender.enabled=true",
+        "extender.decisionTimeout=500ms",
     ],
     &[
         "criProxy.enabled=true",

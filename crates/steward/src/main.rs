@@ -16,6 +16,7 @@ mod chart_tests;
 mod cli;
 mod controller;
 mod cri_proxy;
+mod extender;
 mod metrics;
 
 #[derive(Debug, Parser)]
@@ -48,6 +49,8 @@ enum Command {
     CriProxy(cri_proxy::CriProxyArgs),
     /// Run the reservation controller, the only writer of reservation decisions (leader-elected).
     Controller(controller::ControllerArgs),
+    /// Serve kube-scheduler's extender (Filter, Prioritize) for pods that ask for steward slots.
+    Extender(extender::ExtenderArgs),
     /// Print steward's CustomResourceDefinitions as YAML.
     Crds,
     /// Print the Instances kept by a standalone agent's embedded store.
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
         Command::Controller(args) => runtime()?.block_on(controller::run(args)),
+        Command::Extender(args) => runtime()?.block_on(extender::run(args)),
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),
         Command::Get(cmd) => runtime()?.block_on(cli::get(cmd)),
         Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),

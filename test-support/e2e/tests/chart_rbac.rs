@@ -26,6 +26,7 @@ use steward_api::{
 };
 use steward_proto::cri::runtime::v1 as cri;
 use steward_reservations::ControllerConfig;
+use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig};
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
 use steward_testing_apiserver::{Access, ApiServer};
 use steward_testing_containerd::{ContainerSpec as CriContainer, Containerd, PodNetwork};
@@ -237,7 +238,12 @@ fn a_grant_the_chart_lacks_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_calls_only_what_the_chart_grants_it() {
-    let objects = render(&["criProxy.enabled=true", "controller.enabled=true"]);
+    let objects = render(&[
+        "criProxy.enabled=true",
+        "controller.enabled=true",
+        "extender.enabled=true",
+    ]);
+    let extender_sa = format!("{RELEASE}-steward-extender");
     let agent_sa = format!("{RELEASE}-steward-agent");
     let controller_sa = format!("{RELEASE}-steward-controller");
     let proxy_sa = format!("{RELEASE}-steward-cri-proxy");
@@ -521,6 +527,32 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         }
     })
     .await;
+    // The scheduler extender, as its ServiceAccount: Filter for another
+    // pending pod writes its Reservation and reads the decision.
+    let second: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "second", "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {res.clone(): "1"}}}]},
+    }))
+    .unwrap();
+    let second = Api::<Pod>::namespaced(api.client(), "default")
+        .create(&PostParams::default(), &second)
+        .await
+        .unwrap();
+    let extender = Extender::new(
+        api.client_as(&user(&extender_sa)).unwrap(),
+        ExtenderConfig::default(),
+    );
+    let args: ExtenderArgs = serde_json::from_value(serde_json::json!({
+        "pod": second, "nodenames": ["node-a"],
+    }))
+    .unwrap();
+    let filtered = extender.filter(&args).await;
+    assert!(filtered.error.is_empty(), "{filtered:?}");
+    assert!(
+        reservations.get_opt("second").await.unwrap().is_some(),
+        "Filter made no Reservation"
+    );
     stop_controller.cancel();
     controller.await.unwrap().unwrap();
 
@@ -544,6 +576,12 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     assert!(did(&by_proxy, "watch", "configmaps"), "{by_proxy:#?}");
     assert!(did(&by_proxy, "patch", "nodes"), "{by_proxy:#?}");
     assert!(did(&by_proxy, "create", "events"), "{by_proxy:#?}");
+    let by_extender = check(&api, &objects, &extender_sa);
+    assert!(
+        did(&by_extender, "create", "reservations"),
+        "{by_extender:#?}"
+    );
+    assert!(did(&by_extender, "get", "reservations"), "{by_extender:#?}");
     let by_controller = check(&api, &objects, &controller_sa);
     for (verb, resource) in [
         ("watch", "reservations"),

@@ -1,0 +1,319 @@
+//! The scheduler extender over HTTP, driven the way kube-scheduler drives
+//! it (Filter with the candidate nodes, Prioritize, then a Binding), with
+//! the controller deciding against the API server stand-in.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+use steward_api::{Instance, InstanceSpec, Reservation};
+use steward_reservations::extender::{Extender, ExtenderConfig, server};
+use steward_reservations::{ControllerConfig, run};
+use steward_testing_apiserver::ApiServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+
+struct Stand {
+    api: ApiServer,
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for Stand {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn stand(capacity: u32) -> Stand {
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "steward-system"}})).unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    for n in ["n1", "n2", "n3", "n4"] {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": n}})).unwrap();
+        Api::<Node>::all(api.client())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+    // A camera seen by n1..n3 (shared), capacity slots; n4 does not see it.
+    let spec = InstanceSpec {
+        configuration_name: "cams".into(),
+        device_id: "cam".into(),
+        shared: true,
+        nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+        capacity,
+        properties: BTreeMap::new(),
+        mounts: Vec::new(),
+        device_specs: Vec::new(),
+        cdi_name: String::new(),
+    };
+    Api::<Instance>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &Instance::new("cam", spec))
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let mut cfg = ControllerConfig::new("steward-system", "c1");
+    cfg.resync = Duration::from_millis(100);
+    cfg.lease.retry_period = Duration::from_millis(100);
+    tokio::spawn(run(api.client(), cfg, stop.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ext = Arc::new(Extender::new(api.client(), ExtenderConfig::default()));
+    tokio::spawn(server::serve(listener, ext, stop.clone()));
+    Stand { api, addr, stop }
+}
+
+/// One HTTP/1.1 exchange, as a plain client writes it.
+async fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body_at = text.find("\r\n\r\n").unwrap() + 4;
+    (status, out[body_at..].to_vec())
+}
+
+async fn pending_pod(api: &ApiServer, name: &str, cams: u32) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {"steward.dev/cam": cams.to_string()}}}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+async fn filter(addr: SocketAddr, pod: &Pod, nodes: &[&str]) -> Value {
+    let args = json!({"pod": pod, "nodenames": nodes});
+    let (status, body) = http(addr, "POST", "/filter", &serde_json::to_vec(&args).unwrap()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+async fn bind(api: &ApiServer, pod: &str, node: &str) {
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}});
+    let _: Value = Api::<Pod>::namespaced(api.client(), NS)
+        .create_subresource("binding", pod, &PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
+    let s = stand(2).await;
+    let mut chosen = Vec::new();
+    for name in ["p1", "p2"] {
+        let pod = pending_pod(&s.api, name, 1).await;
+        let started = std::time::Instant::now();
+        let r = filter(s.addr, &pod, &["n1", "n2", "n3", "n4"]).await;
+        eprintln!("Filter of {name} answered in {:?}", started.elapsed());
+        let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+        assert_eq!(nodes.len(), 1, "{r}");
+        let node = nodes[0].clone();
+        assert!(["n1", "n2", "n3"].contains(&node.as_str()), "{r}");
+        // Every other candidate is told where the slots are held.
+        assert!(
+            r["failedNodes"]["n4"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&format!("reserved on {node}")),
+            "{r}"
+        );
+        // Prioritize puts the reserved node first.
+        let args = json!({"pod": pod, "nodenames": ["n1", "n2", "n3"]});
+        let (st, body) = http(
+            s.addr,
+            "POST",
+            "/prioritize",
+            &serde_json::to_vec(&args).unwrap(),
+        )
+        .await;
+        assert_eq!(st, 200);
+        let scores: Vec<Value> = serde_json::from_slice(&body).unwrap();
+        for h in &scores {
+            let want = if h["host"] == node.as_str() { 10 } else { 0 };
+            assert_eq!(h["score"], want, "{scores:?}");
+        }
+        bind(&s.api, name, &node).await;
+        chosen.push(node);
+    }
+    // The scheduler believes 6 slots exist (2 per node); only 2 do.
+    let p3 = pending_pod(&s.api, "p3", 1).await;
+    let r = filter(s.addr, &p3, &["n1", "n2", "n3", "n4"]).await;
+    let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+    assert!(nodes.is_empty(), "{r}");
+    // n4 does not see the device: no preemption can change that.
+    assert!(
+        r["failedAndUnresolvableNodes"]["n4"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not seen by n4"),
+        "{r}"
+    );
+    for n in ["n1", "n2", "n3"] {
+        let why = r["failedNodes"][n]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(why.contains("0 of 2 slots free"), "{n}: {why}");
+    }
+    // p1 goes away; the scheduler retries p3, which now fits.
+    Api::<Pod>::namespaced(s.api.client(), NS)
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let placed = loop {
+        let r = filter(s.addr, &p3, &["n1", "n2", "n3"]).await;
+        let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+        if let Some(n) = nodes.first() {
+            break n.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "p3 never placed: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(["n1", "n2", "n3"].contains(&placed.as_str()));
+    let r = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("p3")
+        .await
+        .unwrap();
+    let owner = &r.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Pod", p3.metadata.uid.as_deref().unwrap())
+    );
+}
+
+#[tokio::test]
+async fn whole_node_objects_come_back_filtered_and_other_pods_pass_untouched() {
+    let s = stand(1).await;
+    let pod = pending_pod(&s.api, "p1", 1).await;
+    let nodes: Vec<Value> = ["n1", "n2"]
+        .iter()
+        .map(|n| json!({"metadata": {"name": n}}))
+        .collect();
+    let args =
+        json!({"pod": pod, "nodes": {"apiVersion": "v1", "kind": "NodeList", "items": nodes}});
+    let (status, body) = http(
+        s.addr,
+        "POST",
+        "/filter",
+        &serde_json::to_vec(&args).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let r: Value = serde_json::from_slice(&body).unwrap();
+    let items = r["nodes"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{r}");
+    assert!(r.get("nodenames").is_none(), "{r}");
+    // A pod asking for no steward resource is not steward's business.
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": NS, "uid": "u-web"},
+        "spec": {"containers": [{"name": "main", "image": "nginx"}]},
+    }))
+    .unwrap();
+    let r = filter(s.addr, &plain, &["n1", "n4"]).await;
+    assert_eq!(r["nodenames"], json!(["n1", "n4"]));
+    assert!(
+        Api::<Reservation>::namespaced(s.api.client(), NS)
+            .get_opt("web")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_http_errors() {
+    let s = stand(1).await;
+    let (st, body) = http(s.addr, "POST", "/filter", b"{not json").await;
+    assert_eq!(st, 400);
+    assert!(String::from_utf8_lossy(&body).contains("not kube-scheduler's ExtenderArgs"));
+    let (st, _) = http(s.addr, "POST", "/filter", b"{\"nodenames\": []}").await;
+    assert_eq!(st, 400, "a body without the pod");
+    let (st, _) = http(s.addr, "GET", "/filter", b"").await;
+    assert_eq!(st, 405);
+    let (st, _) = http(s.addr, "POST", "/bind", b"{}").await;
+    assert_eq!(st, 404);
+    let (st, _) = http(s.addr, "GET", "/healthz", b"").await;
+    assert_eq!(st, 200);
+    // A pod without a UID cannot own a Reservation: an extender error, which
+    // the scheduler logs and retries.
+    let no_uid = json!({"pod": {"metadata": {"name": "x", "namespace": NS},
+        "spec": {"containers": [{"name": "m", "resources": {"limits": {"steward.dev/cam": "1"}}}]}},
+        "nodenames": ["n1"]});
+    let (st, body) = http(
+        s.addr,
+        "POST",
+        "/filter",
+        &serde_json::to_vec(&no_uid).unwrap(),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let r: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("no name, namespace or uid"),
+        "{r}"
+    );
+}
+
+#[test]
+fn the_scheduler_configuration_calls_what_the_extender_serves() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/scheduler/kube-scheduler-config.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    for line in [
+        "kind: KubeSchedulerConfiguration",
+        "filterVerb: filter",
+        "prioritizeVerb: prioritize",
+        "nodeCacheCapable: true",
+        "- name: steward.dev/",
+    ] {
+        assert!(text.contains(line), "{} lacks {line:?}", path.display());
+    }
+    // The Service the chart makes, on the chart's default port.
+    assert!(text.contains("steward-extender.steward-system.svc:8888"));
+    let values = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/helm/steward/values.yaml"),
+    )
+    .unwrap();
+    assert!(
+        values.contains("  port: 8888"),
+        "chart default port changed"
+    );
+}
