@@ -1,0 +1,319 @@
+//! Reservations at scheduling time, measured against the API server
+//! stand-in with the real controller and extender over HTTP.
+//!
+//! * `filter/<n> nodes`: the latency Filter adds per scheduling cycle for a
+//!   pod asking for a slot, with `n` candidate nodes, against the floor of
+//!   the same HTTP call for a pod steward does not manage (no Reservation,
+//!   no wait) — the ratio is the cost of awaiting the decision.
+//! * `race`: shared Instances, two "schedulers" (concurrent Filter + bind
+//!   loops, each with its own extender) and two controller replicas; every
+//!   pod is filtered until it gets a node or the round ends. Counts
+//!   over-commit (more pods bound to an Instance's slots than it has) and
+//!   stuck reservations (Reserved for a pod that was never bound), both
+//!   must be 0; reports pods placed per second and, as the baseline, how
+//!   many pods a scheduler that trusts each node's advertised slots would
+//!   have placed that then fail admission.
+//!
+//! `cargo bench -p steward-reservations --bench extender`;
+//! `STEWARD_BENCH_SMOKE=1` for a short run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::{Value, json};
+use steward_api::{Instance, InstanceSpec, Reservation};
+use steward_reservations::extender::{Extender, ExtenderConfig, server};
+use steward_reservations::{ControllerConfig, run};
+use steward_testing_apiserver::ApiServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn http(addr: SocketAddr, path: &str, body: &[u8]) -> Value {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    serde_json::from_slice(&out[at..]).unwrap()
+}
+
+struct Stand {
+    api: ApiServer,
+    extenders: Vec<SocketAddr>,
+    stop: CancellationToken,
+}
+
+async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas: usize) -> Stand {
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "steward-system"}})).unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    for i in 0..nodes {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": format!("n{i}")}})).unwrap();
+        Api::<Node>::all(api.client())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+    for (name, capacity, seen_by) in instances {
+        let spec = InstanceSpec {
+            configuration_name: "cams".into(),
+            device_id: name.clone(),
+            shared: seen_by.len() > 1,
+            nodes: seen_by.clone(),
+            capacity: *capacity,
+            properties: BTreeMap::new(),
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+            cdi_name: String::new(),
+        };
+        Api::<Instance>::namespaced(api.client(), NS)
+            .create(&PostParams::default(), &Instance::new(name, spec))
+            .await
+            .unwrap();
+    }
+    let stop = CancellationToken::new();
+    for r in 0..replicas {
+        let mut cfg = ControllerConfig::new("steward-system", &format!("c{r}"));
+        cfg.resync = Duration::from_millis(200);
+        cfg.lease.retry_period = Duration::from_millis(200);
+        tokio::spawn(run(api.client(), cfg, stop.clone()));
+    }
+    let mut extenders = Vec::new();
+    for _ in 0..replicas {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        extenders.push(listener.local_addr().unwrap());
+        let ext = Arc::new(Extender::new(api.client(), ExtenderConfig::default()));
+        tokio::spawn(server::serve(listener, ext, stop.clone()));
+    }
+    // Wait for a leader: the first Filter would otherwise measure the
+    // election.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Stand {
+        api,
+        extenders,
+        stop,
+    }
+}
+
+async fn pod(api: &ApiServer, name: &str, resource: Option<&str>) -> Pod {
+    let limits = match resource {
+        Some(r) => json!({ r: "1" }),
+        None => json!({}),
+    };
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap()
+}
+
+/// Filter latency with `nodes` candidates, against the unmanaged floor.
+async fn filter_latency(nodes: usize, pods: usize) {
+    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+    // One Instance seen by every node, with a slot per pod.
+    let s = stand(nodes, &[("cam".into(), pods as u32, names.clone())], 1).await;
+    let addr = s.extenders[0];
+    let mut managed = Vec::new();
+    let mut floor = Vec::new();
+    for i in 0..pods {
+        let p = pod(&s.api, &format!("p{i}"), Some("steward.dev/cam")).await;
+        let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
+        let t = Instant::now();
+        let r = http(addr, "/filter", &body).await;
+        managed.push(t.elapsed());
+        assert_eq!(r["nodenames"].as_array().map(Vec::len), Some(1), "{r}");
+        let q = pod(&s.api, &format!("q{i}"), None).await;
+        let body = serde_json::to_vec(&json!({"pod": q, "nodenames": names})).unwrap();
+        let t = Instant::now();
+        let _ = http(addr, "/filter", &body).await;
+        floor.push(t.elapsed());
+    }
+    managed.sort();
+    floor.sort();
+    let decided_per_s = pods as f64 / managed.iter().sum::<Duration>().as_secs_f64();
+    println!(
+        "filter/{nodes} nodes n={pods} managed p50={:.2?} p99={:.2?} floor (unmanaged pod) p50={:.2?} p99={:.2?} ratio p50={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
+        pct(&managed, 0.5),
+        pct(&managed, 0.99),
+        pct(&floor, 0.5),
+        pct(&floor, 0.99),
+        pct(&managed, 0.5).as_secs_f64() / pct(&floor, 0.5).as_secs_f64().max(1e-9),
+    );
+    s.stop.cancel();
+}
+
+/// Two schedulers, two controllers, shared Instances; see the module docs.
+async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_by: usize) {
+    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+    let insts: Vec<(String, u32, Vec<String>)> = (0..instances)
+        .map(|i| {
+            let seen = (0..seen_by)
+                .map(|k| names[(i * seen_by + k) % nodes].clone())
+                .collect();
+            (format!("cam{i}"), capacity, seen)
+        })
+        .collect();
+    let s = Arc::new(stand(nodes, &insts, 2).await);
+    let advertised: u64 = insts
+        .iter()
+        .map(|(_, c, n)| u64::from(*c) * n.len() as u64)
+        .sum();
+    let real: u64 = insts.iter().map(|(_, c, _)| u64::from(*c)).sum();
+    let mut all = Vec::new();
+    for i in 0..pods {
+        let inst = &insts[i % instances].0;
+        all.push(
+            pod(
+                &s.api,
+                &format!("r{i}"),
+                Some(&format!("steward.dev/{inst}")),
+            )
+            .await,
+        );
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(if pods > 200 { 120 } else { 30 });
+    // Each scheduler takes every other pod; both run at once.
+    let mut tasks = Vec::new();
+    for sched in 0..2 {
+        let s = s.clone();
+        let mine: Vec<Pod> = all.iter().skip(sched).step_by(2).cloned().collect();
+        let names = names.clone();
+        tasks.push(tokio::spawn(async move {
+            let addr = s.extenders[sched];
+            let mut placed = 0usize;
+            // One pass: each Filter awaits its decision, so afterwards every
+            // pod is Reserved (and bound here) or Rejected.
+            for p in mine {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
+                let r = http(addr, "/filter", &body).await;
+                if let Some(node) = r["nodenames"]
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .and_then(Value::as_str)
+                {
+                    let name = p.metadata.name.clone().unwrap();
+                    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                        "metadata": {"name": name}, "target": {"kind": "Node", "name": node}});
+                    let _: Value = Api::<Pod>::namespaced(s.api.client(), NS)
+                        .create_subresource("binding", &name, &PostParams::default(), &binding)
+                        .await
+                        .unwrap();
+                    placed += 1;
+                }
+            }
+            placed
+        }));
+    }
+    let mut placed = 0;
+    for t in tasks {
+        placed += t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    // Over-commit: reserved slots per Instance against its capacity, and
+    // every slot reserved once.
+    let rs = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut per_slot: BTreeMap<String, usize> = BTreeMap::new();
+    let mut stuck = 0;
+    let bound: BTreeMap<String, Option<String>> = Api::<Pod>::namespaced(s.api.client(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name),
+            )
+        })
+        .collect();
+    for r in &rs {
+        if let Some(st) = &r.status
+            && st.phase == "Reserved"
+        {
+            for slot in &st.slots {
+                *per_slot.entry(slot.clone()).or_default() += 1;
+            }
+            if bound.get(&r.spec.pod.name).is_none_or(Option::is_none) {
+                stuck += 1;
+            }
+        }
+    }
+    let over_commit: usize = per_slot.values().map(|n| n.saturating_sub(1)).sum();
+    let bound_count = bound.values().filter(|n| n.is_some()).count();
+    let trusting = (pods as u64).min(advertised);
+    let would_fail = trusting.saturating_sub(real);
+    println!(
+        "race pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
+        elapsed,
+        placed as f64 / elapsed.as_secs_f64(),
+    );
+    assert_eq!(over_commit, 0, "a slot reserved twice");
+    assert_eq!(
+        stuck, 0,
+        "a reservation held for a pod that was never bound"
+    );
+    assert!(placed as u64 <= real, "more pods placed than slots exist");
+    s.stop.cancel();
+}
+
+fn main() {
+    let smoke = std::env::var_os("STEWARD_BENCH_SMOKE").is_some();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        if smoke {
+            filter_latency(50, 5).await;
+            race(20, 2, 2, 6, 3).await;
+        } else {
+            filter_latency(50, 200).await;
+            filter_latency(500, 200).await;
+            race(1000, 50, 2, 50, 3).await;
+        }
+    });
+}
