@@ -64,6 +64,9 @@ enum Command {
     /// Show one object in detail.
     #[command(subcommand)]
     Describe(cli::Describe),
+    /// Explain what a pod holds (slots, CPUs, memory), since when and why.
+    #[command(subcommand)]
+    Explain(cli::Explain),
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(cmd) => runtime()?.block_on(cli::get(cmd)),
         Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),
         Command::Describe(cmd) => runtime()?.block_on(cli::describe(cmd)),
+        Command::Explain(cmd) => runtime()?.block_on(cli::explain(cmd)),
     }
 }
 

@@ -694,3 +694,54 @@ async fn get_handlers_lists_each_node_and_handler_from_the_status() {
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert_eq!(v[1]["state"], "Active");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_pod_says_what_it_holds_since_when_and_why() {
+    let s = seeded().await;
+    create_namespace(&s.cluster, "apps").await;
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": "apps"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {"steward.dev/cam-a": "1", "steward.dev/cam-b": "1"}}}]},
+    }))
+    .unwrap();
+    let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(s.cluster.client(), "apps")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    // The seeded claim names uid-web-0; hold it under the pod's real UID.
+    let claims: Api<SlotClaim> = Api::namespaced(s.cluster.client(), NS);
+    let mut c = claims.get("cam-a-1").await.unwrap();
+    c.spec.pod.as_mut().unwrap().uid = pod.metadata.uid.clone().unwrap();
+    claims
+        .replace("cam-a-1", &PostParams::default(), &c)
+        .await
+        .unwrap();
+
+    let out = steward(&s, &["explain", "pod", "apps/web-0"]).await;
+    let text = out.ok();
+    for line in [
+        "Pod:          apps/web-0",
+        "Node:         node-a",
+        "Requests:     steward.dev/cam-a: 1, steward.dev/cam-b: 1",
+        "cam-a-1: node-a's device plugin granted it at Allocate",
+        "Not held:     steward.dev/cam-b: asks for 1, holds 0",
+        "Reservation:  <none>",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    assert!(text.contains("2023-11-14T22:13:20Z"), "since: {text}");
+
+    let json = steward(&s, &["explain", "pod", "apps/web-0", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(json.ok()).unwrap();
+    assert_eq!(v["slots"][0]["slot"], "cam-a-1");
+    assert_eq!(v["short"]["cam-b"], serde_json::json!([1, 0]));
+
+    let missing = steward(&s, &["explain", "pod", "apps/nope"]).await;
+    assert_eq!(missing.failed(), "steward: pod apps/nope not found");
+    let bad = steward(&s, &["explain", "pod", "a/b/c"]).await;
+    assert_eq!(
+        bad.failed(),
+        "steward: \"a/b/c\" is not NAMESPACE/NAME or NAME"
+    );
+}

@@ -44,7 +44,7 @@ pub struct WatchArgs {
     json: bool,
 }
 
-async fn connect(socket: &Path) -> anyhow::Result<PodResourcesListerClient<Channel>> {
+pub(super) async fn connect(socket: &Path) -> anyhow::Result<PodResourcesListerClient<Channel>> {
     if !socket.exists() {
         bail!(
             "no pod resources socket at {} (is the steward agent running with --pod-resources-socket? set --socket)",
@@ -59,7 +59,7 @@ async fn connect(socket: &Path) -> anyhow::Result<PodResourcesListerClient<Chann
     Ok(PodResourcesListerClient::new(channel))
 }
 
-fn status(call: &str, socket: &Path, s: tonic::Status) -> anyhow::Error {
+pub(super) fn status(call: &str, socket: &Path, s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(
         "{call} on {}: {}: {}",
         socket.display(),

@@ -1,5 +1,5 @@
-//! The operator CLI: `steward get …`, `steward watch …` and `steward
-//! describe …`, kubectl-like.
+//! The operator CLI: `steward get …`, `steward watch …`, `steward
+//! describe …` and `steward explain pod …`, kubectl-like.
 //!
 //! `assignments` read the node's pod resources socket; `instances`,
 //! `claims`, `slots` and `describe instance` read the cluster like kubectl
@@ -12,6 +12,7 @@ mod assignments;
 mod claims;
 mod cluster;
 mod describe;
+mod explain;
 mod handlers;
 mod instances;
 mod output;
@@ -77,6 +78,19 @@ pub async fn get(cmd: Get) -> anyhow::Result<()> {
         Get::Claims(args) => claims::get(args).with_subscriber(quiet::dispatch()).await,
         Get::Slots(args) => slots::get(args).with_subscriber(quiet::dispatch()).await,
         Get::Handlers(args) => handlers::get(args).with_subscriber(quiet::dispatch()).await,
+    }
+}
+
+/// `steward explain`.
+#[derive(Debug, Subcommand)]
+pub enum Explain {
+    /// Which slots, CPUs and memory a pod holds, since when, and why.
+    Pod(explain::PodArgs),
+}
+
+pub async fn explain(cmd: Explain) -> anyhow::Result<()> {
+    match cmd {
+        Explain::Pod(args) => explain::pod(args).with_subscriber(quiet::dispatch()).await,
     }
 }
 
