@@ -214,3 +214,85 @@ async fn api_down_local_device_allocates_shared_fails_closed() {
     .await;
     accept.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reserved_for_another_node_is_kept_from_this_kubelet() {
+    use kube::Api;
+    use kube::api::{DeleteParams, PostParams};
+    use steward_api::{PodRef, Reservation, ReservationSpec, ReservationStatus};
+
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let _agent_a = Agent::start(a.agent_config(dir.path(), server.client(), echo(true)));
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 2),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let name = inst.metadata.name.clone().unwrap();
+    let ns = inst.metadata.namespace.clone().unwrap();
+    let res = resource(&inst);
+    a.kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
+        .await
+        .unwrap();
+
+    // The controller reserved slot 0 for a pod bound for node-b.
+    let reservations: Api<Reservation> = Api::namespaced(server.client(), &ns);
+    let mut r = Reservation::new(
+        "elsewhere",
+        ReservationSpec {
+            pod: PodRef {
+                namespace: ns.clone(),
+                name: "elsewhere".into(),
+                uid: "uid-elsewhere".into(),
+            },
+            slots: [(name.clone(), 1)].into(),
+            exclusive_cpus: 0,
+            candidates: vec!["node-b".into()],
+            cancel: None,
+        },
+    );
+    r = reservations
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap();
+    let slot0 = format!("{name}-0");
+    r.status = Some(ReservationStatus {
+        phase: "Reserved".into(),
+        node: Some("node-b".into()),
+        slots: vec![slot0.clone()],
+        observed_generation: r.metadata.generation,
+        ..ReservationStatus::default()
+    });
+    reservations
+        .replace_status("elsewhere", &PostParams::default(), &r)
+        .await
+        .unwrap();
+
+    // node-a's kubelet sees it Unhealthy; the other slot stays usable.
+    let seen = a
+        .kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 1, WAIT)
+        .await
+        .unwrap();
+    assert!(!seen.healthy.contains(&slot0), "{seen:?}");
+    // A pod on node-a gets the other slot.
+    let admitted = a.kubelet.add_pod(pod("local", &res)).await.unwrap();
+    assert_ne!(
+        slot_of(&a.kubelet, &admitted.uid, &res).as_deref(),
+        Some(slot0.as_str())
+    );
+
+    // Released: usable again.
+    reservations
+        .delete("elsewhere", &DeleteParams::default())
+        .await
+        .unwrap();
+    a.kubelet
+        .wait_for_resource(&res, |s| s.healthy.contains(&slot0), WAIT)
+        .await
+        .unwrap();
+}

@@ -175,6 +175,9 @@ fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
         AllocateError::HeldByOtherNode { .. } => {
             (Status::failed_precondition(msg), "held_elsewhere")
         }
+        AllocateError::ReservedForOtherNode { .. } => {
+            (Status::failed_precondition(msg), "reserved_elsewhere")
+        }
         AllocateError::ClusterUnreachable { .. } => {
             (Status::unavailable(msg), "cluster_unreachable")
         }
@@ -662,6 +665,14 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             }
             Err(e) => tracing::debug!(error = %e, "API server still unreachable"),
         }
+    }
+
+    /// The slots reserved at scheduling time (slot → the node its pod is
+    /// bound for), as the Reservation watch delivers them.
+    pub async fn reservations_listed(&self, reserved: &BTreeMap<String, String>) {
+        let mut st = self.lock().await;
+        let fx = st.ledger.reservations_listed(reserved);
+        self.apply(&mut st, fx).await;
     }
 
     /// Claims of the cluster, as a watch delivers them.

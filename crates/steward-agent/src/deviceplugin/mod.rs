@@ -210,6 +210,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         Duration::from_millis(config.slots.pending_timeout_ms),
     ));
     tasks.spawn(watch::feed_claims(core.clone(), claim_events));
+    tasks.spawn(watch::watch_reservations(client.clone(), core.clone()));
     if let Some(hub) = view {
         tasks.spawn(view::publish(core.clone(), hub));
     }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::watcher;
-use steward_api::{Configuration, Instance};
+use steward_api::{Configuration, Instance, Reservation};
 use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
 use steward_kube::{Change, follow};
 use tokio::sync::mpsc;
@@ -414,5 +414,55 @@ pub(crate) async fn feed_claims<L: ClaimStore, C: ClaimStore>(
                 tracing::debug!(error = %message, "slot claim watch interrupted");
             }
         }
+    }
+}
+
+/// Reservations of every namespace: the slots held at scheduling time for
+/// pods bound for a node (Reserved ones only). Slots reserved for another
+/// node are kept from this node's kubelet (Unhealthy, refused at Allocate)
+/// until the reservation is consumed, canceled or expires.
+pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
+    client: kube::Client,
+    core: Arc<SlotKeeper<L, C>>,
+) {
+    let mut changes = follow(Api::<Reservation>::all(client), watcher::Config::default()).boxed();
+    let mut held: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
+    let key = |r: &Reservation| {
+        (
+            r.metadata.namespace.clone().unwrap_or_default(),
+            r.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let slots = |r: &Reservation| -> Vec<(String, String)> {
+        match &r.status {
+            Some(s) if s.phase == "Reserved" => match &s.node {
+                Some(node) => s
+                    .slots
+                    .iter()
+                    .map(|slot| (slot.clone(), node.clone()))
+                    .collect(),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    };
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Relisted(all) => {
+                held = all.iter().map(|r| (key(r), slots(r))).collect();
+            }
+            Change::Applied(r) => {
+                held.insert(key(&r), slots(&r));
+            }
+            Change::Deleted(r) => {
+                held.remove(&key(&r));
+            }
+            Change::Interrupted(e) => {
+                tracing::debug!(error = %e, "Reservation watch failed; retrying");
+                continue;
+            }
+        }
+        let reserved: BTreeMap<String, String> = held.values().flatten().cloned().collect();
+        core.reservations_listed(&reserved).await;
     }
 }

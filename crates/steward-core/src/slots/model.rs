@@ -282,6 +282,8 @@ pub enum AllocateError {
     DeviceGone { id: String, instance: String },
     #[error("slot {id:?} is held by node {node:?}")]
     HeldByOtherNode { id: String, node: String },
+    #[error("slot {id:?} is reserved for a pod scheduled to node {node:?}")]
+    ReservedForOtherNode { id: String, node: String },
     #[error(
         "slot {id:?} of shared instance {instance:?} cannot be claimed while the API server is unreachable (shared devices fail closed)"
     )]

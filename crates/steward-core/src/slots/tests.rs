@@ -1151,3 +1151,45 @@ fn recovered_pending_claim_settles_from_the_recovery_time() {
     let effects = l.podresources_listed(&[], Millis(now.0 + SETTLE));
     assert_eq!(deletes(&effects), vec![("usb-0".to_owned(), Target::Both)]);
 }
+
+// ----- reservations made at scheduling time ---------------------------------
+
+#[test]
+fn a_slot_reserved_for_another_node_is_unhealthy_and_refused_here() {
+    let mut l = SlotLedger::new("n1", SlotConfig::default());
+    l.cluster_reachability(true);
+    l.instance_upserted(inst("cam", 2, true));
+    let reserved: BTreeMap<String, String> = [
+        ("cam-0".to_owned(), "n2".to_owned()),
+        ("cam-1".to_owned(), "n1".to_owned()),
+    ]
+    .into();
+    let effects = l.reservations_listed(&reserved);
+    assert!(
+        effects.contains(&Effect::HealthChanged {
+            instance: "cam".into()
+        }),
+        "{effects:?}"
+    );
+    // Reserved for a pod going to n2: kubelet here must not hand it out.
+    assert_eq!(
+        l.health("cam"),
+        vec![
+            ("cam-0".to_owned(), Health::Unhealthy),
+            ("cam-1".to_owned(), Health::Healthy)
+        ]
+    );
+    assert_eq!(
+        l.allocate(&["cam-0".to_owned()], Millis(1)),
+        Err(AllocateError::ReservedForOtherNode {
+            id: "cam-0".into(),
+            node: "n2".into()
+        })
+    );
+    // Reserved for a pod coming here: granted.
+    assert!(l.allocate(&["cam-1".to_owned()], Millis(1)).is_ok());
+    // Released (consumed elsewhere, canceled, expired): healthy again.
+    let effects = l.reservations_listed(&BTreeMap::new());
+    assert!(!effects.is_empty());
+    assert_eq!(l.health("cam")[0], ("cam-0".to_owned(), Health::Healthy));
+}

@@ -63,6 +63,9 @@ pub struct SlotLedger {
     pub(super) claims: BTreeMap<String, LocalClaim>,
     /// Slots claimed by other nodes, as observed in the cluster.
     pub(super) others: BTreeMap<String, String>,
+    /// Slots reserved at scheduling time for pods bound for another node
+    /// (slot → that node): not to be granted here.
+    pub(super) reserved_elsewhere: BTreeMap<String, String>,
     /// Pods of this node by UID (live, or terminal and not yet deleted).
     pub(super) pods: BTreeMap<String, PodRecord>,
     /// By (namespace, name).
@@ -89,6 +92,7 @@ impl SlotLedger {
             instances: BTreeMap::new(),
             claims: BTreeMap::new(),
             others: BTreeMap::new(),
+            reserved_elsewhere: BTreeMap::new(),
             pods: BTreeMap::new(),
             unresolved: BTreeMap::new(),
             plans: BTreeMap::new(),
@@ -137,9 +141,13 @@ impl SlotLedger {
     }
 
     /// Health of slot `slot` of `info`: Unhealthy iff the device is not
-    /// available to this node or another node holds the slot.
+    /// available to this node, another node holds the slot, or it is
+    /// reserved for a pod bound for another node (and this node does not
+    /// hold it: a claim wins over a reservation).
     pub fn slot_health(&self, info: &InstanceInfo, slot: &str) -> Health {
-        if !info.available() || self.others.contains_key(slot) {
+        let reserved_away =
+            self.reserved_elsewhere.contains_key(slot) && !self.claims.contains_key(slot);
+        if !info.available() || self.others.contains_key(slot) || reserved_away {
             Health::Unhealthy
         } else {
             Health::Healthy
@@ -368,6 +376,14 @@ impl SlotLedger {
             });
         }
         let claim = self.claims.get(id);
+        if claim.is_none()
+            && let Some(node) = self.reserved_elsewhere.get(id)
+        {
+            return Err(AllocateError::ReservedForOtherNode {
+                id: id.to_owned(),
+                node: node.clone(),
+            });
+        }
         if claim.is_some_and(|c| c.plan.is_some()) {
             return Err(AllocateError::ClaimInFlight { id: id.to_owned() });
         }

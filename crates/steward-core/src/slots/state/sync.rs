@@ -89,6 +89,22 @@ impl SlotLedger {
     /// other nodes' claims; this node's records that differ from its state
     /// (missing, extra, other holder) are queued and, if the API server is
     /// reachable, written at once.
+    /// The slots reserved at scheduling time, with the node each pod is
+    /// bound for (the complete set, from the Reservations). Those reserved
+    /// for another node turn Unhealthy here and are refused at Allocate,
+    /// unless this node already holds them; health changes are reported.
+    pub fn reservations_listed(&mut self, reserved: &BTreeMap<String, String>) -> Vec<Effect> {
+        let before = self.health_all();
+        self.reserved_elsewhere = reserved
+            .iter()
+            .filter(|(_, node)| **node != self.node)
+            .map(|(s, n)| (s.clone(), n.clone()))
+            .collect();
+        let mut effects = Vec::new();
+        self.health_diff(&before, &mut effects);
+        effects
+    }
+
     pub fn cluster_claims_listed(&mut self, claims: &[Claim]) -> Vec<Effect> {
         let before = self.health_all();
         self.others = claims
