@@ -611,6 +611,56 @@ mod tests {
         }
     }
 
+    /// A crash can leave the cache at any length (a torn write on a file
+    /// system without rename-atomic durability, or a disk that lost the
+    /// tail): every strict prefix of a saved cache is refused and moved
+    /// aside, never half-loaded; the whole file loads exactly.
+    #[test]
+    fn every_torn_prefix_of_a_saved_cache_is_refused_never_half_loaded() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut c, _) = Cache::open(t.path()).unwrap();
+        *c.data_mut() = sample();
+        c.save().unwrap();
+        let path = t.path().join(CACHE_FILE);
+        let whole = std::fs::read(&path).unwrap();
+        let mut cuts: Vec<usize> = (0..whole.len())
+            .step_by(whole.len().div_ceil(97).max(1))
+            .collect();
+        cuts.push(whole.len() - 1);
+        for cut in cuts {
+            std::fs::write(&path, &whole[..cut]).unwrap();
+            let (c, outcome) = Cache::open(t.path()).unwrap();
+            assert!(
+                matches!(outcome, LoadOutcome::Discarded { .. }),
+                "a prefix of {cut} of {} bytes was accepted: {outcome:?}",
+                whole.len()
+            );
+            assert!(c.data().containers.is_empty() && c.data().pods.is_empty());
+        }
+        std::fs::write(&path, &whole).unwrap();
+        let (c, outcome) = Cache::open(t.path()).unwrap();
+        assert_eq!(outcome, LoadOutcome::Restored);
+        assert_eq!(c.data(), &sample());
+    }
+
+    /// A crash between writing the temporary and renaming it leaves a stray
+    /// temporary beside the last good cache: it is ignored.
+    #[test]
+    fn a_temporary_left_by_a_crashed_save_is_ignored() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut c, _) = Cache::open(t.path()).unwrap();
+        *c.data_mut() = sample();
+        c.save().unwrap();
+        std::fs::write(
+            t.path().join(format!(".{CACHE_FILE}.4242-1.tmp")),
+            b"{\"version\": 1, \"pods\": {",
+        )
+        .unwrap();
+        let (c, outcome) = Cache::open(t.path()).unwrap();
+        assert_eq!(outcome, LoadOutcome::Restored);
+        assert_eq!(c.data(), &sample());
+    }
+
     #[test]
     fn resources_roundtrip_through_cri() {
         let r = cri::LinuxContainerResources {
