@@ -748,3 +748,57 @@ async fn blockio_classes_apply_and_missing_rdt_is_a_reported_no_op() {
     cleanup_pod(&mut rt, &sid).await.unwrap();
     proxy.shutdown().await;
 }
+
+/// A CRI message past kubelet's 16 MiB limit is refused by the proxy
+/// (OUT_OF_RANGE) before any of it reaches the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_cri_message_is_refused_and_nothing_is_created() {
+    init_tracing();
+    let _serial = SERIAL.lock().await;
+    let ctd = Containerd::shared().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = proxy_config(ctd.sock(), dir.path(), "policy: { active: static }");
+    let (proxy, mut rt, _) = start_proxy(cfg).await;
+    let (mut direct, _) = ctd.client().await.unwrap();
+    let mut sb = ctd.pod_config("huge", PodNetwork::Host);
+    sb.annotations
+        .insert("example.com/blob".into(), "x".repeat(17 << 20));
+    let name = sb.metadata.as_ref().unwrap().name.clone();
+    let e = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    let boxes = direct
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(
+        !boxes
+            .iter()
+            .any(|b| b.metadata.as_ref().is_some_and(|m| m.name == name)),
+        "the runtime got the oversized sandbox"
+    );
+    // Just under the limit is decoded (the default gRPC limit of 4 MiB
+    // would refuse it): an update for an unknown container, answered as such.
+    let e = rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: "no-such-container".into(),
+            linux: Some(cri::LinuxContainerResources {
+                unified: [("x".to_owned(), "y".repeat(15 << 20))].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_ne!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    // The proxy still serves after both.
+    rt.version(cri::VersionRequest::default()).await.unwrap();
+    proxy.shutdown().await;
+}
