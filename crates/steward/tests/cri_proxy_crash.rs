@@ -9,6 +9,9 @@
 //!   proxy shows each one on its pod resources socket with its CPUs;
 //! * none is duplicated there.
 //!
+//! It runs its own containerd (a kill can leave a container half-started in
+//! the runtime), and every runtime call is bounded.
+//!
 //! Rounds: `STEWARD_FAULT_ROUNDS` (default 8 in the suite; RELIABILITY.md
 //! has a longer run).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -26,6 +29,18 @@ use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_
 use tokio::process::{Child, Command};
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
+
+/// Every runtime call is bounded: a call cut by the kill can leave a
+/// container half-started in containerd, and a later call on it must not
+/// hang the test.
+const CALL: Duration = Duration::from_secs(15);
+
+async fn bounded<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    match tokio::time::timeout(CALL, f).await {
+        Ok(Ok(v)) => Some(v),
+        _ => None,
+    }
+}
 
 struct Lcg(u64);
 
@@ -106,7 +121,7 @@ async fn storm(
             .collect();
         if !live.is_empty() && rng.next(3) == 0 {
             let sid = live[rng.next(live.len() as u64) as usize].clone();
-            if cleanup_pod(&mut rt, &sid).await.is_err() {
+            if bounded(cleanup_pod(&mut rt, &sid)).await.is_none() {
                 return;
             }
             sandboxes.lock().await.retain(|(s, _)| s != &sid);
@@ -114,38 +129,38 @@ async fn storm(
         }
         let exclusive = rng.next(2) == 0;
         let sb = make(&format!("{ctd_prefix}-{i}"));
-        let Ok(r) = rt
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(sb.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
+        let Some(r) = bounded(rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: String::new(),
+        }))
+        .await
         else {
             return;
         };
         let sid = r.into_inner().pod_sandbox_id;
         sandboxes.lock().await.push((sid.clone(), exclusive));
-        match rt
-            .create_container(cri::CreateContainerRequest {
+        let created = tokio::time::timeout(
+            CALL,
+            rt.create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: sid.clone(),
                 config: Some(container(&sb, "c", exclusive)),
                 sandbox_config: Some(sb),
-            })
-            .await
-        {
-            Ok(c) => {
+            }),
+        )
+        .await;
+        match created {
+            Ok(Ok(c)) => {
                 let id = c.into_inner().container_id;
-                if rt
-                    .start_container(cri::StartContainerRequest { container_id: id })
+                if bounded(rt.start_container(cri::StartContainerRequest { container_id: id }))
                     .await
-                    .is_err()
+                    .is_none()
                 {
                     return;
                 }
             }
             // A second exclusive container does not fit on a small machine.
-            Err(s) if s.code() == tonic::Code::ResourceExhausted => {}
-            Err(_) => return,
+            Ok(Err(s)) if s.code() == tonic::Code::ResourceExhausted => {}
+            _ => return,
         }
     }
 }
@@ -158,29 +173,30 @@ async fn applied(
 ) -> BTreeMap<String, (CpuSet, bool)> {
     let mut out = BTreeMap::new();
     for (sid, exclusive) in sandboxes {
-        let list = direct
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(cri::ContainerFilter {
-                    pod_sandbox_id: sid.clone(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+        let Some(list) = bounded(direct.list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                pod_sandbox_id: sid.clone(),
+                ..Default::default()
+            }),
+        }))
+        .await
+        else {
+            continue;
+        };
+        let list = list.into_inner().containers;
         for c in list {
             if c.state == cri::ContainerState::ContainerExited as i32 {
                 continue;
             }
-            let status = direct
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: c.id.clone(),
-                    verbose: false,
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let Some(status) = bounded(direct.container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            }))
+            .await
+            else {
+                continue;
+            };
+            let status = status.into_inner();
             let cpus = status
                 .status
                 .and_then(|s| s.resources)
@@ -197,18 +213,17 @@ async fn applied(
 async fn remove_crash_pods(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
 ) {
-    let boxes = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .items;
-    for b in boxes {
+    let Some(boxes) =
+        bounded(rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })).await
+    else {
+        return;
+    };
+    for b in boxes.into_inner().items {
         if b.metadata
             .as_ref()
             .is_some_and(|m| m.name.starts_with("crash"))
         {
-            let _ = cleanup_pod(rt, &b.id).await;
+            let _ = bounded(cleanup_pod(rt, &b.id)).await;
         }
     }
 }
@@ -219,7 +234,10 @@ async fn a_killed_proxy_loses_and_duplicates_nothing_and_never_shares_an_exclusi
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    let ctd = Containerd::shared().expect("containerd (needs root and its packages)");
+    // A private containerd: a container left half-started by a kill stays
+    // in this runtime, which goes away with the test.
+    let ctd =
+        std::sync::Arc::new(Containerd::start().expect("containerd (needs root and its packages)"));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.yaml"),
@@ -285,10 +303,9 @@ async fn a_killed_proxy_loses_and_duplicates_nothing_and_never_shares_an_exclusi
         let mut pr = PodResourcesListerClient::new(channel);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let pods = pr
-                .list(wire::ListPodResourcesRequest {})
+            let pods = bounded(pr.list(wire::ListPodResourcesRequest {}))
                 .await
-                .unwrap()
+                .expect("the restarted proxy answers List")
                 .into_inner()
                 .pod_resources;
             let mut shown: BTreeMap<String, usize> = BTreeMap::new();
@@ -319,9 +336,10 @@ async fn a_killed_proxy_loses_and_duplicates_nothing_and_never_shares_an_exclusi
         }
         // Clean this round's pods up through the restarted proxy, including
         // any created while it died before the storm recorded them.
-        let (mut rt, _) = cri_client(dir.path().join("cri.sock")).await.unwrap();
+        if let Ok((mut rt, _)) = cri_client(dir.path().join("cri.sock")).await {
+            remove_crash_pods(&mut rt).await;
+        }
         sandboxes.lock().await.clear();
-        remove_crash_pods(&mut rt).await;
         child.kill().await.unwrap();
         let _ = std::fs::remove_file(dir.path().join("cri.sock"));
         let _ = std::fs::remove_file(dir.path().join("pr.sock"));
