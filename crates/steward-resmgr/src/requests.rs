@@ -212,6 +212,18 @@ pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(),
             return Err(err(format!("unknown annotation in the {DOMAIN} domain")));
         }
     }
+    // The policies' own annotations (`*.steward.dev` outside our domain)
+    // are checked now too: a sandbox whose pod carries a malformed hint
+    // would be created, then every one of its containers refused.
+    let policy: BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| !is_resmgr_annotation(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Hints::of_container(&policy, "").map_err(|e| ResmgrError::Annotation {
+        key: "policy annotations".into(),
+        reason: e.to_string(),
+    })?;
     Ok(())
 }
 
@@ -588,6 +600,15 @@ mod tests {
             (RESOURCES_PREFIX.to_string(), "{}"),
             (BLOCKIO_POD.to_owned(), "has space"),
             ("frobnicate.resmgr.steward.dev/pod".to_owned(), "x"),
+            // Found by the resmgr_annotations fuzz target: a malformed
+            // policy hint used to pass RunPodSandbox and fail every
+            // CreateContainer of the pod afterwards.
+            ("memory.steward.dev/tier".to_owned(), "DRAM,P\rEM"),
+            (
+                "cpu.steward.dev/prefer-isolated.container.c".to_owned(),
+                "yes",
+            ),
+            ("cpu.steward.dev/no-such-hint".to_owned(), "true"),
         ];
         for (k, v) in cases {
             let m = HashMap::from([(k.clone(), v.to_owned())]);

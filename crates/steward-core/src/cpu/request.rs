@@ -275,9 +275,21 @@ impl Hints {
     /// well-formed value, otherwise the error names the offending key.
     /// A per-container key for this container overrides the pod-wide key.
     pub fn parse(req: &ContainerRequest) -> Result<Hints, PolicyError> {
+        Hints::of_container(&req.annotations, &req.key.container)
+    }
+
+    /// [`Hints::parse`] over a pod's annotations for the container named
+    /// `name`. With a name no key can carry (`""`), it validates every
+    /// policy annotation of the pod and returns the pod-wide hints: what a
+    /// runtime checks when the pod's sandbox is created, before any
+    /// container.
+    pub fn of_container(
+        annotations: &BTreeMap<String, String>,
+        name: &str,
+    ) -> Result<Hints, PolicyError> {
         let mut pod = Hints::default();
         let mut own = Hints::default();
-        for (key, value) in &req.annotations {
+        for (key, value) in annotations {
             if !is_policy_annotation(key) {
                 continue;
             }
@@ -298,7 +310,7 @@ impl Hints {
             // parse even when it targets another container: bad values are errors
             let target = match container {
                 None => &mut pod,
-                Some(c) if c == req.key.container => &mut own,
+                Some(c) if c == name => &mut own,
                 Some(_) => &mut Hints::default(),
             };
             let bad = |reason: &str| PolicyError::BadAnnotation {

@@ -79,7 +79,9 @@ pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
             m.iter()
                 .filter_map(|(k, v)| {
                     let instance = k.strip_prefix(RESOURCE_PREFIX)?;
-                    let n: u32 = v.0.trim().parse().ok()?;
+                    // Beyond u32: more than any node has, not nothing.
+                    let n = v.0.trim().parse::<u64>().ok()?;
+                    let n = u32::try_from(n).unwrap_or(u32::MAX);
                     (n > 0).then(|| (instance.to_owned(), n))
                 })
                 .collect()
@@ -89,7 +91,10 @@ pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
     let mut total: BTreeMap<String, u32> = BTreeMap::new();
     for c in &spec.containers {
         for (k, n) in asks(c) {
-            *total.entry(k).or_default() += n;
+            // Saturating: two containers asking u32::MAX each must read as
+            // "more than any node has", not overflow.
+            let t = total.entry(k).or_default();
+            *t = t.saturating_add(n);
         }
     }
     for c in spec.init_containers.iter().flatten() {
@@ -379,6 +384,25 @@ mod tests {
         .unwrap();
         let r = slot_request(&pod);
         assert_eq!(r, BTreeMap::from([("cam".into(), 3), ("mic".into(), 2)]));
+    }
+
+    #[test]
+    fn huge_asks_saturate_instead_of_overflowing() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"steward.dev/cam": "4294967295"}}},
+                    {"name": "b", "resources": {"limits": {"steward.dev/cam": "4294967295"}}},
+                    {"name": "c", "resources": {"limits": {"steward.dev/cam": "4294967296"}}}
+                ]
+            }
+        }))
+        .unwrap();
+        assert_eq!(
+            slot_request(&pod),
+            BTreeMap::from([("cam".into(), u32::MAX)])
+        );
     }
 
     #[test]

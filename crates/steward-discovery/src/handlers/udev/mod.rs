@@ -75,6 +75,13 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    /// Parses a Configuration's `details` (YAML with `udevRules`), as
+    /// `discover` does before it watches anything.
+    pub fn from_details(details: &str) -> Result<Self, DiscoveryError> {
+        let details: Details = parse_details(NAME, details)?;
+        Self::parse(&details.udev_rules)
+    }
+
     /// Parses `udevRules` entries; errors name the entry and column.
     pub fn parse(rules: &[String]) -> Result<Self, DiscoveryError> {
         if rules.is_empty() {
@@ -381,8 +388,7 @@ impl DiscoveryHandler for Udev {
     }
 
     fn discover(&self, req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
-        let details: Details = parse_details(NAME, &req.details)?;
-        let rules = Arc::new(RuleSet::parse(&details.udev_rules)?);
+        let rules = Arc::new(RuleSet::from_details(&req.details)?);
         let (tx, rx) = mpsc::channel(8);
         std::thread::Builder::new()
             .name("udev-monitor".into())

@@ -1,0 +1,214 @@
+//! Writes the hand-made seed inputs of every fuzz target into
+//! `corpus/<target>/seed-*` (`cargo run --example seeds` from `fuzz/`).
+//! Seeds are well-formed, realistic inputs the fuzzer mutates from; the
+//! rest of each corpus is what libFuzzer found and `cargo fuzz cmin` kept.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use prost::Message;
+use steward_proto::cri::runtime::v1 as cri;
+use steward_proto::discovery::v0 as disc;
+
+fn write(target: &str, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("seed-{name}")), bytes)
+}
+
+/// One selector byte, then the input (targets that cover several parsers).
+fn tagged(tag: u8, rest: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(rest);
+    v
+}
+
+fn sandbox(annotations: &[(&str, &str)]) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "web-0".into(),
+            uid: "7d3f0c7e-1f9a-4b1e-9c1d-000000000001".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<HashMap<_, _>>(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: "/kubepods/pod7d3f0c7e-1f9a-4b1e-9c1d-000000000001".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn create(cpus_millis: i64, annotations: &[(&str, &str)]) -> cri::CreateContainerRequest {
+    cri::CreateContainerRequest {
+        pod_sandbox_id: "0123456789abcdef".into(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(cri::LinuxContainerResources {
+                    cpu_period: 100_000,
+                    cpu_quota: cpus_millis * 100,
+                    cpu_shares: cpus_millis * 1024 / 1000,
+                    memory_limit_in_bytes: 256 << 20,
+                    cpuset_cpus: "0-3".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sandbox_config: Some(sandbox(annotations)),
+    }
+}
+
+fn main() -> std::io::Result<()> {
+    // cpuset
+    for (i, s) in ["0-3,8,10-11", "", "0\n", " 1 , 4-5 ", "0-1023"]
+        .iter()
+        .enumerate()
+    {
+        write("cpuset", &i.to_string(), s.as_bytes())?;
+    }
+    // quantities
+    for (i, s) in [
+        "250m", "1.5", "2", "128Mi", "1G", "1e3", "1h30m", "200ms", "cam-7", "a-b-0",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write("quantities", &i.to_string(), s.as_bytes())?;
+    }
+    // resmgr_config
+    let full = "policy:\n  active: topology-aware\n  config:\n    reserved_cpus: \"0\"\n    reserved_namespaces: [kube-system]\ncri:\n  disable_quota_for_exclusive: true\nblockio:\n  classes:\n    slow:\n      weight: 100\n      devices:\n        - { device: \"254:0\", read_bps: 1048576 }\nrdt:\n  classes:\n    gold: { schemata: [\"L3:0=ff\"] }\n";
+    write("resmgr_config", "full", full.as_bytes())?;
+    write("resmgr_config", "static", b"policy: { active: static }\n")?;
+    write("resmgr_config", "empty", b"")?;
+    // cri_request
+    let guaranteed = create(2000, &[("cpu.steward.dev/prefer-isolated", "true")]);
+    write(
+        "cri_request",
+        "create",
+        &tagged(1, &guaranteed.encode_to_vec()),
+    )?;
+    let annotated = create(
+        500,
+        &[
+            (
+                "resources.resmgr.steward.dev/spec.container.app",
+                r#"{"requests":{"cpu":"500m","memory":"64Mi"},"limits":{"cpu":"1","memory":"128Mi"}}"#,
+            ),
+            ("qos.resmgr.steward.dev/class", "Burstable"),
+            ("blockio.resmgr.steward.dev/class", "slow"),
+        ],
+    );
+    write(
+        "cri_request",
+        "create-annotated",
+        &tagged(1, &annotated.encode_to_vec()),
+    )?;
+    let run = cri::RunPodSandboxRequest {
+        config: Some(sandbox(&[(
+            "rdt.resmgr.steward.dev/class.container.app",
+            "gold",
+        )])),
+        runtime_handler: String::new(),
+    };
+    write("cri_request", "run", &tagged(0, &run.encode_to_vec()))?;
+    let update = cri::UpdateContainerResourcesRequest {
+        container_id: "c1".into(),
+        linux: guaranteed
+            .config
+            .and_then(|c| c.linux)
+            .and_then(|l| l.resources),
+        ..Default::default()
+    };
+    write("cri_request", "update", &tagged(2, &update.encode_to_vec()))?;
+    // resmgr_annotations
+    write(
+        "resmgr_annotations",
+        "all",
+        b"resources.resmgr.steward.dev/spec.container.c={\"requests\":{\"cpu\":\"2\",\"memory\":\"1Gi\"},\"limits\":{\"cpu\":\"2\",\"memory\":\"1Gi\"}}\nqos.resmgr.steward.dev/class=Guaranteed\nblockio.resmgr.steward.dev/class.container.c=slow\nrdt.resmgr.steward.dev/class=gold\ncpu.steward.dev/prefer-isolated.container.c=true\nmemory.steward.dev/tier=DRAM,PMEM\nballoon.steward.dev/name=db\n",
+    )?;
+    // discovery_details
+    write(
+        "discovery_details",
+        "debug-echo",
+        &tagged(
+            0,
+            b"descriptions: [\"camera-0\", \"camera-1\"]\npollInterval: 1s\nshared: true\n",
+        ),
+    )?;
+    write(
+        "discovery_details",
+        "network",
+        &tagged(1, b"{targets: ['127.0.0.0/29', 127.0.0.3], ports: [80, 554], interval: 2s, timeout: 200ms, expect: RTSP}"),
+    )?;
+    write(
+        "discovery_details",
+        "udev",
+        &tagged(2, b"udevRules:\n  - 'SUBSYSTEM==\"video4linux\", ATTR{index}==\"0\"'\n  - 'SUBSYSTEM==\"block\", KERNEL!=\"loop*\", ENV{ID_BUS}==\"usb\"'\n"),
+    )?;
+    // handler_device
+    let report = disc::DiscoverResponse {
+        devices: vec![
+            disc::Device {
+                id: "/dev/video0".into(),
+                properties: [("UDEV_DEVNODE".to_owned(), "/dev/video0".to_owned())].into(),
+                mounts: vec![disc::Mount {
+                    container_path: "/dev/video0".into(),
+                    host_path: "/dev/video0".into(),
+                    read_only: true,
+                }],
+                device_specs: vec![disc::DeviceSpec {
+                    container_path: "/dev/video0".into(),
+                    host_path: "/dev/./video0".into(),
+                    permissions: "rw".into(),
+                }],
+            },
+            disc::Device {
+                id: "sensor-1".into(),
+                properties: [("LOCATION".to_owned(), "lab".to_owned())].into(),
+                ..Default::default()
+            },
+        ],
+    };
+    write("handler_device", "report", &report.encode_to_vec())?;
+    // configurations_file
+    write(
+        "configurations_file",
+        "standalone",
+        include_bytes!("../../deploy/examples/standalone.yaml"),
+    )?;
+    // extender_args
+    let args = r#"{"pod":{"metadata":{"name":"cam","namespace":"default","uid":"u1"},"spec":{"containers":[{"name":"a","resources":{"limits":{"steward.dev/cams-1a2b3c4d5e":"1","cpu":"1"}}},{"name":"b","resources":{"requests":{"steward.dev/cams-1a2b3c4d5e":"2"}}}],"initContainers":[{"name":"i","resources":{"limits":{"steward.dev/cams-1a2b3c4d5e":"1"}}}]}},"nodenames":["node-a","node-b"]}"#;
+    write("extender_args", "nodenames", args.as_bytes())?;
+    let nodes = r#"{"pod":{"metadata":{"name":"p"},"spec":{"containers":[{"name":"a"}]}},"nodes":{"items":[{"metadata":{"name":"node-a"}}]}}"#;
+    write("extender_args", "nodes", nodes.as_bytes())?;
+    // crd_objects
+    let instance = r#"{"apiVersion":"steward.dev/v1alpha1","kind":"Instance","metadata":{"name":"cams-1a2b3c4d5e","namespace":"default","uid":"i1"},"spec":{"configurationName":"cams","deviceId":"/dev/video0","shared":true,"nodes":["node-a","node-b"],"capacity":2,"properties":{"LOCATION":"lab"}}}"#;
+    write("crd_objects", "instance", &tagged(0, instance.as_bytes()))?;
+    let claim = r#"{"apiVersion":"steward.dev/v1alpha1","kind":"SlotClaim","metadata":{"name":"cams-1a2b3c4d5e-0","namespace":"default"},"spec":{"instance":"cams-1a2b3c4d5e","slot":0,"node":"node-a","epoch":3,"pod":{"namespace":"default","name":"cam","uid":"u1"},"container":"a"}}"#;
+    write("crd_objects", "slotclaim", &tagged(1, claim.as_bytes()))?;
+    let reservation = r#"{"apiVersion":"steward.dev/v1alpha1","kind":"Reservation","metadata":{"name":"default.cam","namespace":"default","generation":2},"spec":{"pod":{"namespace":"default","name":"cam","uid":"u1"},"slots":{"cams-1a2b3c4d5e":1},"exclusiveCpus":2,"candidates":["node-a","node-b"]},"status":{"phase":"Reserved","node":"node-a","slots":["cams-1a2b3c4d5e-0"],"decidedAt":1700000000000,"observedGeneration":2}}"#;
+    write(
+        "crd_objects",
+        "reservation",
+        &tagged(2, reservation.as_bytes()),
+    )?;
+    let canceled = r#"{"metadata":{"name":"r","namespace":"ns"},"spec":{"pod":{"namespace":"ns","name":"p","uid":"u2"},"slots":{},"candidates":[],"cancel":"unreserved"},"status":{"phase":"Bogus"}}"#;
+    write(
+        "crd_objects",
+        "reservation-odd",
+        &tagged(2, canceled.as_bytes()),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! Small text forms from configuration and Kubernetes objects: CPU and
+//! memory quantities, Go-style durations, slot ids.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = steward_resmgr::quantity::parse_cpu_quantity(text);
+    let _ = steward_resmgr::quantity::parse_memory_quantity(text);
+    if let Ok(d) = steward_discovery::duration::parse_duration(text) {
+        assert!(d.as_secs() < u64::MAX);
+    }
+    if let Some((instance, n)) = steward_core::slots::parse_slot_id(text) {
+        assert_eq!(steward_core::slots::slot_id(instance, n), text);
+    }
+});
