@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<String>) {
     let api = Api::<Node>::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(steward_kube::backoff())
         .boxed();
     while let Some(ev) = stream.next().await {
         match ev {

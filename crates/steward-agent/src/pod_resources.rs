@@ -125,7 +125,7 @@ pub(crate) fn start(
         {
             let hub = hub.clone();
             tasks.push(tokio::spawn(async move {
-                let mut events = std::pin::pin!(stream.default_backoff());
+                let mut events = std::pin::pin!(stream.backoff(steward_kube::backoff()));
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(watcher::Event::Delete(pod)) => {

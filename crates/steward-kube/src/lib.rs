@@ -15,4 +15,4 @@ pub mod lease;
 mod watch;
 
 pub use events::{EventSink, QUEUE as EVENT_QUEUE, pod_ref};
-pub use watch::{Change, changes, follow};
+pub use watch::{BACKOFF_MAX, BACKOFF_MIN, Change, backoff, changes, follow};

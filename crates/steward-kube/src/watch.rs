@@ -10,6 +10,7 @@
 //! deletions itself, and never acts on a half-listed picture.
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt, future};
 use kube::runtime::WatchStreamExt;
@@ -33,14 +34,39 @@ pub enum Change<K> {
     Interrupted(watcher::Error),
 }
 
-/// `api` watched with `config`, retried with kube-runtime's default
-/// backoff, as [`Change`]s. The stream never ends.
+/// `api` watched with `config`, retried with [`backoff`], as [`Change`]s.
+/// The stream never ends.
 pub fn follow<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = Change<K>> + Send
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K::DynamicType: Default,
 {
-    changes(watcher::watcher(api, config).default_backoff())
+    changes(watcher::watcher(api, config).backoff(backoff()))
+}
+
+/// First retry of a failed watch.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
+/// Longest wait between two retries.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The retry schedule of a failed watch: from [`BACKOFF_MIN`], doubling
+/// up to [`BACKOFF_MAX`], each wait with a random jitter of up to its own
+/// length; reset by the first event that gets through.
+///
+/// kube-runtime's default goes from 800 ms to 30 s. A node agent that comes
+/// back from an API outage on that schedule takes up to half a minute to
+/// see what changed meanwhile, and slots freed during the outage stay
+/// claimed in the cluster that long (with it, 3 s after short partitions in
+/// `fault_api`). Five seconds bounds the catch-up; the jitter keeps a fleet
+/// of agents from retrying in step while the API server recovers.
+pub fn backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(BACKOFF_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 /// Folds a kube-runtime watcher stream into [`Change`]s: the `Init` …

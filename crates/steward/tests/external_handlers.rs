@@ -153,12 +153,13 @@ async fn killed_handler_process_goes_offline_is_removed_and_comes_back() -> anyh
     .await?;
 
     // The handler process comes back on the same socket path: Active, Instances back.
-    let _dh = spawn_echo_handler(
+    let restarted_at = Instant::now();
+    let mut dh = spawn_echo_handler(
         "debug-echo (restarted)",
         &node.socket,
         &listen,
         None,
-        dh_log,
+        dh_log.clone(),
     )?;
     eventually(
         "Instances back from the restarted handler",
@@ -166,11 +167,75 @@ async fn killed_handler_process_goes_offline_is_removed_and_comes_back() -> anyh
         || async { (cluster.instances_of("cams").await.ok()?.len() == 2).then_some(()) },
     )
     .await?;
+    let back_after_removal = restarted_at.elapsed();
     eventually("status: restarted handler Active", WAIT, || async {
         let (state, ep, n) = handler_state(&cluster, "cams", "node-a").await?;
         (state == "Active" && ep == endpoint && n == 2).then_some(())
     })
     .await?;
+
+    // Crash and return within the grace: the Instances are kept (same
+    // objects, no churn for the pods using them) and the handler is Active
+    // again. Timed: kill → Offline in the status, restart → Active.
+    let rounds: usize = std::env::var("STEWARD_FAULT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let before: BTreeSet<_> = cluster
+        .instances_of("cams")
+        .await?
+        .iter()
+        .filter_map(uid)
+        .collect();
+    let (mut offline, mut active) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let killed_at = Instant::now();
+        dh.sigkill()?;
+        eventually("status: handler Offline", WAIT, || async {
+            let (state, _, _) = handler_state(&cluster, "cams", "node-a").await?;
+            (state == "Offline").then_some(())
+        })
+        .await?;
+        offline.push(killed_at.elapsed());
+        let restarted_at = Instant::now();
+        dh = spawn_echo_handler(
+            &format!("debug-echo (return {round})"),
+            &node.socket,
+            &listen,
+            None,
+            dh_log.clone(),
+        )?;
+        eventually("status: returned handler Active", WAIT, || async {
+            let (state, ep, n) = handler_state(&cluster, "cams", "node-a").await?;
+            (state == "Active" && ep == endpoint && n == 2).then_some(())
+        })
+        .await?;
+        active.push(restarted_at.elapsed());
+        ensure!(
+            killed_at.elapsed() < grace,
+            "round {round}: the return took longer than the grace"
+        );
+        let after: BTreeSet<_> = cluster
+            .instances_of("cams")
+            .await?
+            .iter()
+            .filter_map(uid)
+            .collect();
+        ensure!(
+            after == before,
+            "round {round}: Instances replaced across a crash within the grace: {before:?} → {after:?}"
+        );
+    }
+    offline.sort();
+    active.sort();
+    eprintln!(
+        "handler crash: rounds={rounds} kill→Offline p50={:?} max={:?}; restart→Active p50={:?} max={:?}; \
+         restart after removal→Instances back {back_after_removal:?}",
+        offline[offline.len() / 2],
+        offline[offline.len() - 1],
+        active[active.len() / 2],
+        active[active.len() - 1],
+    );
     Ok(())
 }
 

@@ -185,13 +185,33 @@ impl ApiServer {
     }
 
     /// `false`: every request answers 503 and open watches are closed.
+    /// `true` also ends a [`ApiServer::partition`].
     pub fn set_available(&self, up: bool) {
         self.with_store(|s| {
             s.available = up;
+            s.reachable_by.clear();
             if !up {
                 s.close_watches();
             }
         });
+    }
+
+    /// A partition: every client but those impersonating one of `users`
+    /// ([`ApiServer::client_as`]) gets 503, and open watches are closed;
+    /// the cluster goes on for the others (a node cut off from the API
+    /// while an operator still edits objects). Ended by `set_available(true)`.
+    pub fn partition(&self, users: &[&str]) {
+        self.with_store(|s| {
+            s.available = false;
+            s.reachable_by = users.iter().map(|u| (*u).to_owned()).collect();
+            s.close_watches();
+        });
+    }
+
+    /// Delays every answer by `delay` (a slow or overloaded API server);
+    /// `Duration::ZERO` ends it. Watches already open are not slowed.
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        self.with_store(|s| s.delay = delay);
     }
 
     /// Closes every open watch (clients see the stream end and re-watch).

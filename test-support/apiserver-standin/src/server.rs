@@ -165,6 +165,10 @@ pub(crate) async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Respo
             )));
         }
     };
+    let delay = sh.lock().map(|s| s.delay).unwrap_or_default();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     match dispatch(&sh, &parts.method, &parts.uri, &parts.headers, body) {
         Ok(resp) => resp,
         Err(e) => error_response(&e),
@@ -293,7 +297,11 @@ fn dispatch(
     let q = query_map(uri)?;
     let route = {
         let mut store = sh.lock()?;
-        if !store.available {
+        let user = headers
+            .get("impersonate-user")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if !store.available && !store.reachable_by.contains(user) {
             store.stats.request("unavailable");
             return Err(ApiError::unavailable());
         }

@@ -23,7 +23,8 @@ pub struct Access {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Requests per verb: `get`, `list`, `watch`, `create`, `update`, `patch`,
-    /// `delete`, `deletecollection`, `discovery`, `other`, `unavailable` (answered 503).
+    /// `delete`, `deletecollection`, `discovery`, `other`, `unavailable` (answered 503),
+    /// `expired` (a watch from a compacted resourceVersion, answered 410).
     pub requests: BTreeMap<String, u64>,
     /// Write requests (create/update/patch/delete/deletecollection, whatever their
     /// outcome) per resource: `pods`, `pods/status`, `configurations.steward.dev`, ...

@@ -4,7 +4,7 @@
 //! All methods are synchronous and run under the server's mutex; handlers are thin
 //! adapters around them.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
@@ -142,8 +142,13 @@ pub struct Store {
     name_seq: u64,
     /// Request / write counters.
     pub stats: Stats,
-    /// false: every request answers 503.
+    /// false: every request answers 503 (but those of `reachable_by`).
     pub available: bool,
+    /// While unavailable, the users (`Impersonate-User`) still answered:
+    /// a partition between some clients and the server, not an outage.
+    pub reachable_by: BTreeSet<String>,
+    /// Added before every answer (slow API server).
+    pub delay: std::time::Duration,
 }
 
 pub(crate) fn now_ts(offset_secs: i64) -> String {
@@ -243,6 +248,8 @@ impl Store {
             name_seq: 0,
             stats: Stats::default(),
             available: true,
+            reachable_by: BTreeSet::new(),
+            delay: std::time::Duration::ZERO,
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
@@ -1316,6 +1323,7 @@ impl Store {
         match rv {
             Some(n) if n > 0 && !send_initial => {
                 if n < self.compacted {
+                    self.stats.request("expired");
                     return Err(ApiError::expired(format!(
                         "too old resource version: {n} ({})",
                         self.compacted

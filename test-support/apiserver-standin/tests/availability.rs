@@ -40,6 +40,52 @@ async fn unavailable_answers_503_and_closes_watches() {
 }
 
 #[tokio::test]
+async fn a_partition_cuts_off_everyone_but_the_named_users() {
+    let s = ApiServer::start().await.unwrap();
+    let node: Api<ConfigMap> = Api::default_namespaced(s.client());
+    let admin: Api<ConfigMap> = Api::default_namespaced(s.client_as("admin").unwrap());
+    s.partition(&["admin"]);
+    let e = api_err(node.list(&ListParams::default()).await.unwrap_err());
+    assert_eq!(e.code, 503);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("made-during-the-partition".into());
+    admin.create(&PostParams::default(), &cm).await.unwrap();
+    s.set_available(true);
+    let names: Vec<_> = node
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(names, ["made-during-the-partition"]);
+    // Ended: a later outage cuts off the formerly reachable user too.
+    s.set_available(false);
+    assert_eq!(
+        api_err(admin.list(&ListParams::default()).await.unwrap_err()).code,
+        503
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_delay_slows_every_answer() {
+    let s = ApiServer::start().await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(s.client());
+    s.set_delay(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    cms.list(&ListParams::default()).await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    s.set_delay(Duration::ZERO);
+    s.shutdown().await;
+}
+
+#[tokio::test]
 async fn stats_count_requests_and_writes() {
     let s = ApiServer::start().await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(s.client());
