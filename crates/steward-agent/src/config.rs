@@ -7,6 +7,7 @@ use std::time::Duration;
 use steward_core::discovery::registry::RegistryConfig;
 use steward_discovery::DiscoveryHandler;
 use steward_discovery::client::ClientOptions;
+use steward_discovery::policy::Cidr;
 
 use crate::AgentError;
 use crate::metrics::AgentMetrics;
@@ -76,6 +77,9 @@ pub struct AgentConfig {
     pub metrics: Option<AgentMetrics>,
     /// Handlers run inside the agent (registered with the embedded endpoint).
     pub embedded_handlers: Vec<Arc<dyn DiscoveryHandler>>,
+    /// Where NETWORK discovery handler endpoints may point (empty: external
+    /// handlers must use unix sockets). See `steward_discovery::policy`.
+    pub network_handler_cidrs: Vec<Cidr>,
     pub timings: AgentTimings,
     /// Serve the Instances of this node as kubelet device plugins
     /// (Kubernetes mode only); `None`: discovery only.
@@ -108,6 +112,7 @@ impl std::fmt::Debug for AgentConfig {
                     .map(|h| h.name().to_string())
                     .collect::<Vec<_>>(),
             )
+            .field("network_handler_cidrs", &self.network_handler_cidrs)
             .field("timings", &self.timings)
             .field("device_plugins", &self.device_plugins)
             .finish()
@@ -131,6 +136,7 @@ impl AgentConfig {
             mode,
             metrics: None,
             embedded_handlers: Vec::new(),
+            network_handler_cidrs: Vec::new(),
             timings: AgentTimings::default(),
             device_plugins: None,
             pod_resources: None,

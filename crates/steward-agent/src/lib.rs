@@ -31,6 +31,7 @@ pub use node_store::NodeStore;
 pub use store::{InstanceStore, KubeInstanceStore, LocalInstanceStore, OpContext};
 
 use steward_core::discovery::registry::Registry;
+use steward_discovery::policy::RegistrationPolicy;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -126,9 +127,14 @@ pub async fn run(
         }
     };
 
+    let policy = RegistrationPolicy::new(
+        cfg.embedded_handlers.iter().map(|h| h.name().to_owned()),
+        cfg.network_handler_cidrs.clone(),
+    );
     let server = tokio::spawn(steward_discovery::registration::serve(
         cfg.registration_socket.clone(),
         reg_tx,
+        policy,
         stop.clone().cancelled_owned(),
     ));
 

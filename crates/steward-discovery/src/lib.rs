@@ -25,6 +25,7 @@ pub mod client;
 pub mod convert;
 pub mod duration;
 pub mod handlers;
+pub mod policy;
 pub mod registration;
 pub mod server;
 mod uds;

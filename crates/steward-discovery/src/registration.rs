@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use steward_proto::discovery::v0 as proto;
@@ -12,6 +13,7 @@ use steward_proto::discovery::v0::registration_server::{self, RegistrationServer
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status};
 
+use crate::policy::RegistrationPolicy;
 use crate::{DiscoveryError, Endpoint, HandlerKey, uds};
 
 /// Mode of the agent's registration socket: only root (the agent's user) may register.
@@ -170,6 +172,7 @@ fn validate_url(url: &str) -> Result<String, RegistrationError> {
 
 struct RegistrationService {
     tx: mpsc::Sender<Registration>,
+    policy: Arc<RegistrationPolicy>,
 }
 
 #[tonic::async_trait]
@@ -186,6 +189,10 @@ impl registration_server::Registration for RegistrationService {
                 return Err(Status::invalid_argument(reason.to_string()));
             }
         };
+        if let Err(status) = self.policy.admit(&registration) {
+            tracing::warn!(name = %req.name, endpoint = %req.endpoint, reason = %status.message(), "refused discovery handler registration");
+            return Err(status);
+        }
         tracing::info!(name = %registration.key.name, endpoint = ?registration.key.endpoint, shared = registration.shared, "discovery handler registered");
         self.tx
             .send(registration)
@@ -196,21 +203,27 @@ impl registration_server::Registration for RegistrationService {
 }
 
 /// Agent side: serves v0 Registration on a unix socket (mode 0600),
-/// forwards each valid registration to `tx`; invalid ones get
-/// `INVALID_ARGUMENT`. A stale socket file at `socket` is replaced; the file
-/// is removed again when serving stops. Runs until `shutdown` completes.
+/// forwards each valid registration `policy` admits to `tx`; malformed ones
+/// get `INVALID_ARGUMENT`, those the policy refuses `PERMISSION_DENIED` or
+/// `ALREADY_EXISTS` (see [`RegistrationPolicy`]). A stale socket file at
+/// `socket` is replaced; the file is removed again when serving stops.
+/// Runs until `shutdown` completes.
 pub async fn serve(
     socket: PathBuf,
     tx: mpsc::Sender<Registration>,
+    policy: RegistrationPolicy,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DiscoveryError> {
     let (listener, guard) = uds::bind(&socket, SOCKET_MODE)?;
     tracing::info!(socket = %socket.display(), "serving discovery handler registration");
     let result = tonic::transport::Server::builder()
         .add_service(
-            RegistrationServer::new(RegistrationService { tx })
-                .max_decoding_message_size(crate::client::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(crate::client::MAX_MESSAGE_BYTES),
+            RegistrationServer::new(RegistrationService {
+                tx,
+                policy: Arc::new(policy),
+            })
+            .max_decoding_message_size(crate::client::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::client::MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(listener, shutdown)
         .await;
@@ -255,9 +268,10 @@ pub async fn register(
         ))),
         Ok(Ok(_)) => Ok(()),
         Ok(Err(status)) => Err(match status.code() {
-            Code::InvalidArgument | Code::FailedPrecondition | Code::PermissionDenied => {
-                DiscoveryError::Registration(status.message().to_string())
-            }
+            Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::PermissionDenied
+            | Code::AlreadyExists => DiscoveryError::Registration(status.message().to_string()),
             _ => DiscoveryError::Connect(format!(
                 "registration with {} failed: {:?}: {}",
                 agent_socket.display(),

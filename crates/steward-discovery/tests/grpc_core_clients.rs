@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use prost::Message;
 use steward_discovery::handlers::debug_echo::DebugEcho;
+use steward_discovery::policy::RegistrationPolicy;
 use steward_discovery::{registration, server};
 use steward_proto::discovery::v0 as proto;
 
@@ -60,9 +61,14 @@ async fn grpcio_registers_with_the_agent_and_discovers_from_a_handler() {
     let agent = dir.path().join("agent-registration.sock");
     let (tx, mut rx) = tokio::sync::mpsc::channel(4);
     let (stop_agent, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent_task = tokio::spawn(registration::serve(agent.clone(), tx, async {
-        let _ = stopped.await;
-    }));
+    let agent_task = tokio::spawn(registration::serve(
+        agent.clone(),
+        tx,
+        RegistrationPolicy::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
     for _ in 0..100 {
         if agent.exists() {
             break;

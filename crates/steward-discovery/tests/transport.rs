@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use steward_discovery::client::{self, ClientOptions};
 use steward_discovery::handlers::debug_echo::{self, DebugEcho};
+use steward_discovery::policy::RegistrationPolicy;
 use steward_discovery::registration::{self, Registration};
 use steward_discovery::{
     DeviceStream, DiscoverRequest, DiscoveryError, DiscoveryHandler, Endpoint, server,
@@ -38,7 +39,13 @@ impl Agent {
     async fn start(socket: &Path) -> Agent {
         let (tx, rx) = mpsc::channel(16);
         let (stop, shutdown) = shutdown_pair();
-        let task = tokio::spawn(registration::serve(socket.to_path_buf(), tx, shutdown));
+        let task = tokio::spawn(registration::serve(
+            socket.to_path_buf(),
+            tx,
+            // Network handlers on loopback are what these tests register.
+            RegistrationPolicy::new([], vec!["127.0.0.0/8".parse().unwrap()]),
+            shutdown,
+        ));
         // Connectable, not merely present: a stale file may be there first.
         assert!(
             wait_until(5, || std::os::unix::net::UnixStream::connect(socket)
@@ -223,7 +230,7 @@ async fn registration_socket_is_private_and_replaces_stale_sockets_only() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     // A second agent on the live socket is refused; the first keeps working.
     let (tx, _rx) = mpsc::channel(1);
-    let err = registration::serve(sock.clone(), tx, async {})
+    let err = registration::serve(sock.clone(), tx, RegistrationPolicy::default(), async {})
         .await
         .unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
@@ -238,7 +245,7 @@ async fn registration_socket_is_private_and_replaces_stale_sockets_only() {
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep").unwrap();
     let (tx, _rx) = mpsc::channel(1);
-    let err = registration::serve(file.clone(), tx, async {})
+    let err = registration::serve(file.clone(), tx, RegistrationPolicy::default(), async {})
         .await
         .unwrap_err();
     assert!(err.to_string().contains("not a socket"), "{err}");
@@ -451,6 +458,116 @@ async fn handler_errors_cross_the_wire_and_end_the_stream() {
         next_item(&mut stream, 5).await.is_none(),
         "stream ends after an error"
     );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn hostile_registrations_are_refused_over_the_wire() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("reg.sock");
+    let (tx, mut rx) = mpsc::channel(16);
+    let (stop, shutdown) = shutdown_pair();
+    let task = tokio::spawn(registration::serve(
+        sock.clone(),
+        tx,
+        RegistrationPolicy::new(
+            ["debug-echo".to_owned()],
+            vec!["10.0.0.0/8".parse().unwrap()],
+        ),
+        shutdown,
+    ));
+    assert!(
+        wait_until(5, || std::os::unix::net::UnixStream::connect(&sock).is_ok()).await,
+        "registration socket never accepted a connection"
+    );
+    // A legitimate handler first.
+    let onvif = Endpoint::Uds("/run/steward/onvif.sock".into());
+    registration::register(&sock, "onvif", &onvif, false)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap().key.name, "onvif");
+    let cases = [
+        // The agent's own embedded handler's name.
+        (
+            "debug-echo",
+            Endpoint::Uds("/run/evil.sock".into()),
+            tonic::Code::PermissionDenied,
+            "served by the agent itself",
+        ),
+        // Another handler's endpoint.
+        (
+            "opcua",
+            onvif.clone(),
+            tonic::Code::AlreadyExists,
+            "registered by discovery handler \"onvif\"",
+        ),
+        // Network endpoints outside the allowed networks, or by name.
+        (
+            "net",
+            Endpoint::Network("http://169.254.169.254:80".into()),
+            tonic::Code::PermissionDenied,
+            "outside the allowed networks",
+        ),
+        (
+            "net",
+            Endpoint::Network("http://kubernetes.default:443".into()),
+            tonic::Code::PermissionDenied,
+            "not a name",
+        ),
+    ];
+    let mut raw = raw_registration_client(&sock).await;
+    for (name, endpoint, code, text) in cases {
+        let (endpoint_type, text_endpoint) = match &endpoint {
+            Endpoint::Uds(p) => (0, p.clone()),
+            Endpoint::Network(u) => (1, u.clone()),
+            Endpoint::Embedded => unreachable!(),
+        };
+        let status = raw
+            .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {
+                name: name.into(),
+                endpoint: text_endpoint,
+                endpoint_type,
+                shared: false,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            code,
+            "{name} {endpoint:?}: {}",
+            status.message()
+        );
+        assert!(
+            status.message().contains(text),
+            "{name}: {}",
+            status.message()
+        );
+        // The handler's own client reports it as a refused registration.
+        match registration::register(&sock, name, &endpoint, false).await {
+            Err(DiscoveryError::Registration(msg)) => assert!(msg.contains(text), "{msg}"),
+            other => panic!("{name}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "a refused registration was forwarded"
+    );
+    // Inside the allowed network: accepted; the legitimate handler again: accepted.
+    registration::register(
+        &sock,
+        "net",
+        &Endpoint::Network("http://10.1.2.3:8080".into()),
+        false,
+    )
+    .await
+    .unwrap();
+    registration::register(&sock, "onvif", &onvif, false)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap().key.name, "net");
+    assert_eq!(rx.recv().await.unwrap().key.name, "onvif");
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

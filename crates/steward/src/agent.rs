@@ -68,6 +68,11 @@ pub struct AgentArgs {
     /// How often kubelet's own pod resources are read into the view (Kubernetes mode).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kubelet_pod_resources_poll: Duration,
+    /// A network (CIDR, e.g. 10.244.0.0/16) that NETWORK discovery handler
+    /// endpoints may point into; repeat for several. Without it, external
+    /// handlers must register unix sockets.
+    #[arg(long = "network-handler-cidr", value_name = "CIDR")]
+    network_handler_cidrs: Vec<steward_discovery::policy::Cidr>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -121,6 +126,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .filter(|n| !n.is_empty())
         .collect();
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
+    cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
     let mut registry = prometheus_client::registry::Registry::default();
     if let Some(socket) = args.pod_resources_socket {
