@@ -20,8 +20,7 @@ use std::sync::Mutex;
 
 use tonic::Status;
 
-use crate::Endpoint;
-use crate::registration::Registration;
+use crate::{Endpoint, HandlerKey};
 
 /// An IP network: an address and a prefix length (`10.244.0.0/16`,
 /// `fd00::/8`; a bare address is a /32 or /128).
@@ -106,29 +105,30 @@ impl RegistrationPolicy {
         }
     }
 
-    /// Accepts `reg` (and records its endpoint's owner) or says why not.
-    pub fn admit(&self, reg: &Registration) -> Result<(), Status> {
-        let name = &reg.key.name;
+    /// Accepts a registration as `key` (and records its endpoint's owner)
+    /// or says why not.
+    pub fn admit(&self, key: &HandlerKey) -> Result<(), Status> {
+        let name = &key.name;
         if self.reserved.contains(name) {
             return Err(Status::permission_denied(format!(
                 "discovery handler name {name:?} is served by the agent itself; an external handler must use another name"
             )));
         }
-        if let Endpoint::Network(url) = &reg.key.endpoint {
+        if let Endpoint::Network(url) = &key.endpoint {
             self.network_allowed(url)?;
         }
         let mut owners = self
             .owners
             .lock()
             .map_err(|_| Status::internal("registration policy lock poisoned"))?;
-        match owners.get(&reg.key.endpoint) {
+        match owners.get(&key.endpoint) {
             Some(owner) if owner != name => Err(Status::already_exists(format!(
                 "endpoint {:?} is registered by discovery handler {owner:?}; {name:?} cannot register it",
-                reg.key.endpoint
+                key.endpoint
             ))),
             Some(_) => Ok(()),
             None => {
-                owners.insert(reg.key.endpoint.clone(), name.clone());
+                owners.insert(key.endpoint.clone(), name.clone());
                 Ok(())
             }
         }
@@ -163,15 +163,11 @@ impl RegistrationPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::HandlerKey;
 
-    fn reg(name: &str, endpoint: Endpoint) -> Registration {
-        Registration {
-            key: HandlerKey {
-                name: name.into(),
-                endpoint,
-            },
-            shared: false,
+    fn reg(name: &str, endpoint: Endpoint) -> HandlerKey {
+        HandlerKey {
+            name: name.into(),
+            endpoint,
         }
     }
 

@@ -189,7 +189,7 @@ impl registration_server::Registration for RegistrationService {
                 return Err(Status::invalid_argument(reason.to_string()));
             }
         };
-        if let Err(status) = self.policy.admit(&registration) {
+        if let Err(status) = self.policy.admit(&registration.key) {
             tracing::warn!(name = %req.name, endpoint = %req.endpoint, reason = %status.message(), "refused discovery handler registration");
             return Err(status);
         }
