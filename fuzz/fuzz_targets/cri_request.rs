@@ -10,7 +10,8 @@ use steward_core::cpu::Hints;
 use steward_proto::cri::runtime::v1 as cri;
 use steward_resmgr::cache::PodRecord;
 use steward_resmgr::requests::{
-    PodFacts, classes_for, derive_request, validate_annotations, validate_resources,
+    PodFacts, classes_for, derive_request, validate_annotations, validate_own_annotations,
+    validate_resources,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -62,7 +63,7 @@ fn create_container(req: &cri::CreateContainerRequest) {
     let Some(sc) = &req.sandbox_config else {
         return;
     };
-    if validate_annotations(&sc.annotations).is_err() {
+    if validate_own_annotations(&sc.annotations).is_err() {
         return;
     }
     let pod = PodRecord::from_config(&req.pod_sandbox_id, sc);

@@ -159,43 +159,29 @@ async fn partitioned_from_the_api_the_node_catches_up_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_api_slows_shared_allocations_and_past_the_limit_fails_closed() {
-    let server = api_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
     // op_timeout is 2 s in these agents.
-    let _agent = Agent::start(node.agent_config(dir.path(), server.client(), echo(true)));
-    create_configuration(
-        &server,
-        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 1),
-    )
-    .await;
-    let inst = instance_of(&server, "cams", &["node-a"]).await;
-    let res = resource(&inst);
-    let slot = format!("{}-0", inst.metadata.name.clone().unwrap());
-    node.kubelet
-        .wait_for_resource(&res, |s| s.healthy.len() == 1, WAIT)
-        .await
-        .unwrap();
+    let s = Single::start_with(1, true).await;
+    let (server, node, res, slot) = (&s.server, &s.node, &s.res, s.slot(0));
 
     let mut line = Vec::new();
     for delay_ms in [0u64, 50, 200] {
         server.set_delay(Duration::from_millis(delay_ms));
-        let before = node.kubelet.allocate_durations(&res).len();
+        let before = node.kubelet.allocate_durations(res).len();
         for i in 0..3 {
             let p = node
                 .kubelet
-                .add_pod(pod(&format!("d{delay_ms}-{i}"), &res))
+                .add_pod(pod(&format!("d{delay_ms}-{i}"), res))
                 .await
                 .unwrap();
-            wait_bound(&server, &slot, &p.uid).await;
+            wait_bound(server, &slot, &p.uid).await;
             node.kubelet.delete_pod(&p.uid).await.unwrap();
-            wait_released(&server, &slot).await;
+            wait_released(server, &slot).await;
             node.kubelet
-                .wait_for_resource(&res, |s| s.healthy.len() == 1, WAIT)
+                .wait_for_resource(res, |s| s.healthy.len() == 1, WAIT)
                 .await
                 .unwrap();
         }
-        let mut took: Vec<_> = node.kubelet.allocate_durations(&res)[before..].to_vec();
+        let mut took: Vec<_> = node.kubelet.allocate_durations(res)[before..].to_vec();
         let p50 = pct(&mut took, 0.5);
         // A claim is a create in the API: the Allocate waits for it.
         assert!(
@@ -211,18 +197,18 @@ async fn a_slow_api_slows_shared_allocations_and_past_the_limit_fails_closed() {
     server.set_delay(Duration::from_millis(2500));
     let refused = node
         .kubelet
-        .add_pod(pod("too-slow", &res))
+        .add_pod(pod("too-slow", res))
         .await
         .unwrap_err();
     let text = refused.to_string();
     assert!(text.contains(UNEXPECTED_ADMISSION_ERROR), "{text}");
     server.set_delay(Duration::ZERO);
     let settled = until("no claim left after the refused Allocate", || async {
-        claim_of(&server, &slot).await.is_none()
+        claim_of(server, &slot).await.is_none()
     })
     .await;
-    let p = node.kubelet.add_pod(pod("after", &res)).await.unwrap();
-    wait_bound(&server, &slot, &p.uid).await;
+    let p = node.kubelet.add_pod(pod("after", res)).await.unwrap();
+    wait_bound(server, &slot, &p.uid).await;
     eprintln!(
         "slow API: {}; delay 2500 ms: refused ({}), no claim left after {}",
         line.join(", "),

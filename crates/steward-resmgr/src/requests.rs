@@ -172,9 +172,29 @@ pub struct Classes {
     pub rdt: Option<String>,
 }
 
-/// Validate the annotations in our domain; anything unknown or malformed
-/// there is an error.
+/// Validate a pod's annotations when its sandbox is created: those in our
+/// domain ([`validate_own_annotations`]) and the policies' hints.
 pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(), ResmgrError> {
+    validate_own_annotations(annotations)?;
+    // The policies' own annotations (`*.steward.dev` outside our domain)
+    // are checked now too: a sandbox whose pod carries a malformed hint
+    // would be created, then every one of its containers refused.
+    let policy: BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| !is_resmgr_annotation(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Hints::of_container(&policy, "").map_err(|e| ResmgrError::Annotation {
+        key: "policy annotations".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(())
+}
+
+/// Validate the annotations in our domain; anything unknown or malformed
+/// there is an error. `CreateContainer` checks only these: [`derive_request`]
+/// checks the policies' hints itself.
+pub fn validate_own_annotations(annotations: &HashMap<String, String>) -> Result<(), ResmgrError> {
     for (key, value) in annotations {
         if !is_resmgr_annotation(key) {
             continue;
@@ -212,18 +232,6 @@ pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(),
             return Err(err(format!("unknown annotation in the {DOMAIN} domain")));
         }
     }
-    // The policies' own annotations (`*.steward.dev` outside our domain)
-    // are checked now too: a sandbox whose pod carries a malformed hint
-    // would be created, then every one of its containers refused.
-    let policy: BTreeMap<String, String> = annotations
-        .iter()
-        .filter(|(k, _)| !is_resmgr_annotation(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    Hints::of_container(&policy, "").map_err(|e| ResmgrError::Annotation {
-        key: "policy annotations".into(),
-        reason: e.to_string(),
-    })?;
     Ok(())
 }
 

@@ -20,6 +20,19 @@ fn uid(i: &steward_api::Instance) -> Option<String> {
     i.metadata.uid.clone()
 }
 
+/// SIGKILLs the handler process and waits until the status says Offline;
+/// returns when it was killed.
+async fn kill_until_offline(cluster: &Cluster, dh: &mut Proc) -> anyhow::Result<Instant> {
+    let killed_at = Instant::now();
+    dh.sigkill()?;
+    eventually("status: handler Offline", WAIT, || async {
+        let (state, _, _) = handler_state(cluster, "cams", "node-a").await?;
+        (state == "Offline").then_some(())
+    })
+    .await?;
+    Ok(killed_at)
+}
+
 /// Handler entry of `node` in a Configuration's status: (state, endpoint).
 async fn handler_state(
     cluster: &Cluster,
@@ -111,13 +124,7 @@ async fn killed_handler_process_goes_offline_is_removed_and_comes_back() -> anyh
     .await?;
 
     // SIGKILL the handler: Offline, Instances kept during the grace period.
-    let killed_at = Instant::now();
-    dh.sigkill()?;
-    eventually("status: handler Offline", WAIT, || async {
-        let (state, _, _) = handler_state(&cluster, "cams", "node-a").await?;
-        (state == "Offline").then_some(())
-    })
-    .await?;
+    let killed_at = kill_until_offline(&cluster, &mut dh).await?;
     let during_grace = cluster.instances_of("cams").await?;
     ensure!(
         killed_at.elapsed() < grace,
@@ -189,13 +196,7 @@ async fn killed_handler_process_goes_offline_is_removed_and_comes_back() -> anyh
         .collect();
     let (mut offline, mut active) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let killed_at = Instant::now();
-        dh.sigkill()?;
-        eventually("status: handler Offline", WAIT, || async {
-            let (state, _, _) = handler_state(&cluster, "cams", "node-a").await?;
-            (state == "Offline").then_some(())
-        })
-        .await?;
+        let killed_at = kill_until_offline(&cluster, &mut dh).await?;
         offline.push(killed_at.elapsed());
         let restarted_at = Instant::now();
         dh = spawn_echo_handler(

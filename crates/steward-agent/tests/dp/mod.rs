@@ -302,7 +302,7 @@ pub async fn assert_stays_bound(server: &ApiServer, slot: &str, uid: &str, d: Du
     }
 }
 
-/// A single-node setup: one unshared Instance of `capacity` slots, served.
+/// A single-node setup: one Instance of `capacity` slots, served.
 pub struct Single {
     pub server: ApiServer,
     pub dir: tempfile::TempDir,
@@ -313,11 +313,17 @@ pub struct Single {
 }
 
 impl Single {
+    /// An unshared Instance.
     pub async fn start(capacity: u32) -> Self {
+        Self::start_with(capacity, false).await
+    }
+
+    /// `shared`: the Instance is shared (its slots are claimed in the API).
+    pub async fn start_with(capacity: u32, shared: bool) -> Self {
         let server = api_server().await;
         let dir = tempfile::tempdir().unwrap();
         let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
-        let agent = Agent::start(node.agent_config(dir.path(), server.client(), echo(false)));
+        let agent = Agent::start(node.agent_config(dir.path(), server.client(), echo(shared)));
         create_configuration(
             &server,
             &configuration("cams", "debug-echo", &echo_details(&["cam"]), capacity),

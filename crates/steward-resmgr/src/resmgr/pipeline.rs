@@ -24,7 +24,9 @@ use crate::cgroups::normalize_cgroups_path;
 use crate::control::cri::{edit_create, resources_for};
 use crate::control::rdt::RdtOutcome;
 use crate::error::ResmgrError;
-use crate::requests::{classes_for, derive_request, validate_annotations, validate_resources};
+use crate::requests::{
+    classes_for, derive_request, validate_annotations, validate_own_annotations, validate_resources,
+};
 
 /// Deadline for intercepted calls forwarded on the kubelet's behalf (the
 /// kubelet's own default request timeout is 2 minutes).
@@ -141,7 +143,7 @@ impl ResourceManager {
             .unwrap_or_default();
         validate_resources(&kubelet)?;
         if let Some(sc) = &req.sandbox_config {
-            validate_annotations(&sc.annotations)?;
+            validate_own_annotations(&sc.annotations)?;
         }
 
         let mut st = self.state.lock().await;
