@@ -82,18 +82,30 @@ async fn slots_show_in_list_and_on_the_watch_in_capacity_order() {
     })
     .await;
     let mut client = PodResourcesListerClient::new(channel);
-    let alloc = client
-        .get_allocatable_resources(wire::AllocatableResourcesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        alloc
-            .devices
-            .iter()
-            .any(|d| d.resource_name == res && d.device_ids == [slot.clone()]),
-        "the slot is allocatable: {alloc:?}"
-    );
+    // kubelet's view and this socket's are fed separately: the slot shows
+    // here once the agent's view has it, not necessarily when kubelet does
+    // (a CI run under load read it empty right after kubelet had it).
+    eventually(
+        "the slot allocatable on the pod resources socket",
+        WAIT,
+        || {
+            let mut client = client.clone();
+            let (res, slot) = (res.clone(), slot.clone());
+            async move {
+                let alloc = client
+                    .get_allocatable_resources(wire::AllocatableResourcesRequest {})
+                    .await
+                    .ok()?
+                    .into_inner();
+                alloc
+                    .devices
+                    .iter()
+                    .any(|d| d.resource_name == res && d.device_ids == [slot.clone()])
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     let mut watch = client
         .list_and_watch(wire::ListAndWatchPodResourcesRequest {})
         .await
