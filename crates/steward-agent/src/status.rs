@@ -182,7 +182,7 @@ pub fn merged(
     new
 }
 
-/// Set a condition, keeping `lastTransitionTime` when the status did not change.
+/// Sets a condition at the current time (see [`steward_api::set_condition`]).
 fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -191,24 +191,15 @@ fn set_condition(
     message: &str,
     generation: Option<i64>,
 ) {
-    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
-        if c.status != status {
-            c.last_transition_time = Time(Timestamp::now());
-        }
-        c.status = status.into();
-        c.reason = reason.into();
-        c.message = message.into();
-        c.observed_generation = generation;
-        return;
-    }
-    conditions.push(Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: generation,
-        last_transition_time: Time(Timestamp::now()),
-    });
+    steward_api::set_condition(
+        conditions,
+        type_,
+        status,
+        reason,
+        message,
+        generation,
+        Time(Timestamp::now()),
+    );
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! What `/readyz` reports for the agent: the Configurations applied, the
 //! slot ledger recovered, and every device plugin registered with kubelet.
 //! With kubelet gone the plugin's condition says why it is not ready; when
-//! kubelet comes back it registers and the agent is ready again.
+//! kubelet comes back it registers and the agent is ready again. The
+//! Instance's status says the same to the cluster: its `Ready` condition and
+//! this node's `status.nodes` entry.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dp;
@@ -19,6 +21,33 @@ async fn wait_report(
     eventually(what, WAIT, || async {
         let (ok, text) = readiness.report();
         f(ok, &text).then_some(text)
+    })
+    .await
+}
+
+fn instances(server: &steward_testing_apiserver::ApiServer) -> kube::Api<steward_api::Instance> {
+    kube::Api::namespaced(server.client(), NS)
+}
+
+/// Waits for the Instance's `Ready` condition to have `status`; returns
+/// status, reason and message.
+async fn wait_ready_condition(
+    server: &steward_testing_apiserver::ApiServer,
+    name: &str,
+    status: &str,
+) -> (String, String, String) {
+    let api = instances(server);
+    eventually(&format!("Instance {name} Ready={status}"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let inst = api.get(name).await.ok()?;
+            let c = inst
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == steward_api::CONDITION_READY)?;
+            (c.status == status).then_some((c.status, c.reason, c.message))
+        }
     })
     .await
 }
@@ -53,6 +82,13 @@ async fn readiness_follows_kubelet_registration() {
         text.contains("registration with kubelet failed") || text.contains("not registered"),
         "{text}"
     );
+    let (status, reason, message) = wait_ready_condition(&server, &name, "False").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "NotServed"));
+    assert!(message.starts_with("node node-a: "), "{message}");
+    assert!(
+        message.contains("registration with kubelet failed") || message.contains("not registered"),
+        "{message}"
+    );
 
     // kubelet is back: the plugin registers and the agent is ready.
     let kubelet = Kubelet::start(KubeletConfig {
@@ -63,6 +99,13 @@ async fn readiness_follows_kubelet_registration() {
     .await
     .unwrap();
     wait_report(&readiness, "ready once registered again", |ok, _| ok).await;
+    let (_, reason, message) = wait_ready_condition(&server, &name, "True").await;
+    assert_eq!(reason, "Served");
+    assert_eq!(message, "registered with kubelet on node-a");
+    let status = instances(&server).get(&name).await.unwrap().status.unwrap();
+    assert_eq!(status.nodes.len(), 1);
+    assert!(status.nodes[0].registered && status.nodes[0].node == "node-a");
+    assert_eq!(status.nodes[0].message, None);
     assert!(
         readiness.names().contains(&format!("device-plugin/{name}")),
         "{:?}",

@@ -3,15 +3,18 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use crate::NodeServing;
+
 /// A discovered device exposed to the cluster.
 ///
-/// Discovery writes the spec only. `status.slots` belongs to the slot-claim
-/// writer (device plugins); discovery never writes it, and because status is a
-/// subresource, discovery's spec updates never overwrite it.
+/// Discovery writes the spec only. The status belongs to the agents' device
+/// plugins (which nodes serve it, `Ready`); discovery never writes it, and
+/// because status is a subresource, discovery's spec updates never overwrite
+/// it.
 // Several printer columns share a type: not a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -41,6 +44,12 @@ use serde::{Deserialize, Serialize};
         type_ = "string",
         json_path = ".spec.nodes",
         description = "nodes that can reach the device"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "served to kubelet on every node listed"
     ),
     printcolumn(
         name = "Age",
@@ -100,11 +109,23 @@ pub struct InstanceDeviceSpec {
     pub permissions: String,
 }
 
-/// Observed usage of an Instance. Written by the slot-claim writer, never by discovery.
+/// Observed state of an Instance. Written by the agents' device plugins,
+/// never by discovery.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
-    /// One entry per slot that is claimed; absent slots are free.
+    /// Standard conditions: `Ready` (every node listed serves the Instance to
+    /// its kubelet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// One entry per node serving the Instance as a device plugin; each
+    /// node's agent writes its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["node".into()]))]
+    pub nodes: Vec<NodeServing>,
+    /// Reserved for per-slot usage; steward records slot claims as
+    /// `SlotClaim` objects instead (see ARCHITECTURE.md) and leaves it empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["id".into()]))]
     pub slots: Vec<Slot>,

@@ -2,15 +2,19 @@
 //! `SlotClaim` custom resources (group `steward.dev`, version `v1alpha1`),
 //! their CRDs, and the conversions between them and the pure core's types.
 
+mod condition;
 mod configuration;
 mod convert;
 mod instance;
+mod instance_status;
 mod reservation;
 mod slotclaim;
 
+pub use condition::*;
 pub use configuration::*;
 pub use convert::*;
 pub use instance::*;
+pub use instance_status::*;
 pub use reservation::*;
 pub use slotclaim::*;
 

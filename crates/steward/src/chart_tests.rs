@@ -37,6 +37,7 @@ const VALUE_SETS: &[&[&str]] = &[
         "discoveryHandlers.udev.enabled=true",
         "discoveryHandlers.tcpProbe.enabled=true",
         "agent.podResources.groupId=472",
+        "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
     ],
     &["rbac.create=false", "logFormat=json"],
     &[
@@ -182,7 +183,11 @@ fn chart_lints_and_renders_under_every_value_set() {
 
 #[test]
 fn chart_options_reach_the_command_lines() {
-    let objects = render(&["criProxy.enabled=true", "agent.podResources.groupId=472"]);
+    let objects = render(&[
+        "criProxy.enabled=true",
+        "agent.podResources.groupId=472",
+        "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
+    ]);
     let args_of = |ds: &str| -> Vec<String> {
         let (_, spec) = pod_specs(&objects)
             .into_iter()
@@ -202,6 +207,12 @@ fn chart_options_reach_the_command_lines() {
         "{agent:?}"
     );
     assert!(agent.contains(&"--pod-resources-group=472".to_owned()));
+    for cidr in ["10.0.0.0/8", "fd00::/8"] {
+        assert!(
+            agent.contains(&format!("--network-handler-cidr={cidr}")),
+            "{agent:?}"
+        );
+    }
     assert!(proxy.contains(&"--cluster".to_owned()));
     // Without CDI the agent is told so, which it accepts (empty: no CDI).
     let objects = render(&["agent.cdi.enabled=false"]);
@@ -226,6 +237,10 @@ fn bad_values_are_refused_with_the_reason() {
         ),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("logFormat=xml", "/logFormat"),
+        (
+            "agent.networkHandlerCidrs={10.0.0.0}",
+            "/agent/networkHandlerCidrs/0",
+        ),
     ] {
         let out = run_helm("template", &[set]);
         let err = String::from_utf8_lossy(&out.stderr);

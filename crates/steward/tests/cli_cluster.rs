@@ -11,12 +11,18 @@ use std::time::{Duration, Instant};
 
 use common::{Cluster, NS, STEWARD, configuration};
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use steward_api::{Instance, InstanceSpec, PodRef, SlotClaim, SlotClaimSpec, cdi_name};
+use steward_testing_apiserver::kubectl::Kubectl;
 
 /// The claim's `since`: 2023-11-14T22:13:20Z.
 const SINCE_MS: u64 = 1_700_000_000_000;
+
+fn since_time() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_millisecond(SINCE_MS as i64).unwrap())
+}
 
 struct Seeded {
     cluster: Cluster,
@@ -85,6 +91,33 @@ async fn seeded() -> Seeded {
             .create(&pp, &i)
             .await
             .unwrap();
+    }
+    // What agents would write: cam-a served on node-a only (node-b's kubelet
+    // refused), cam-b served; cam-c has no status yet.
+    let api = Api::<Instance>::namespaced(cluster.client(), NS);
+    for (name, serving) in [
+        (
+            "cam-a",
+            vec![
+                ("node-a", (true, None)),
+                (
+                    "node-b",
+                    (
+                        false,
+                        Some("registration with kubelet failed: dialling kubelet".to_owned()),
+                    ),
+                ),
+            ],
+        ),
+        ("cam-b", vec![("node-a", (true, None))]),
+    ] {
+        let mut i = api.get(name).await.unwrap();
+        let mut status = i.status.take().unwrap_or_default();
+        for (node, entry) in serving {
+            status.set_serving(node, Some(entry), &i.spec.nodes, None, since_time());
+        }
+        i.status = Some(status);
+        api.replace_status(name, &pp, &i).await.unwrap();
     }
     let mut claim = SlotClaim::new(
         "cam-a-1",
@@ -238,9 +271,9 @@ async fn get_instances_prints_a_table_with_held_slots() {
     assert_eq!(
         without_age(out.ok()),
         [
-            "NAME    CONFIGURATION   CAPACITY   HELD   NODES           ",
-            "cam-a   cams            2          1      node-a,node-b   ",
-            "cam-b   cams            1          0      node-a          ",
+            "NAME    CONFIGURATION   CAPACITY   HELD   NODES           READY   ",
+            "cam-a   cams            2          1      node-a,node-b   False   ",
+            "cam-b   cams            1          0      node-a          True    ",
         ]
     );
 
@@ -248,10 +281,10 @@ async fn get_instances_prints_a_table_with_held_slots() {
     assert_eq!(
         without_age(all.ok()),
         [
-            "NAMESPACE   NAME    CONFIGURATION   CAPACITY   HELD   NODES           ",
-            "default     cam-a   cams            2          1      node-a,node-b   ",
-            "default     cam-b   cams            1          0      node-a          ",
-            "lab         cam-c   cams            1          0      <none>          ",
+            "NAMESPACE   NAME    CONFIGURATION   CAPACITY   HELD   NODES           READY    ",
+            "default     cam-a   cams            2          1      node-a,node-b   False    ",
+            "default     cam-b   cams            1          0      node-a          True     ",
+            "lab         cam-c   cams            1          0      <none>          <none>   ",
         ]
     );
 
@@ -274,14 +307,56 @@ async fn get_instances_prints_a_table_with_held_slots() {
             "CAPACITY",
             "HELD",
             "NODES",
+            "READY",
             "AGE",
             "SHARED",
             "PROPERTIES",
             "DEVICE"
         ]
     );
-    assert_eq!(rows[1][6..], ["true", "2", "dev-cam-a"]);
-    assert_eq!(rows[2][6..], ["false", "2", "dev-cam-b"]);
+    assert_eq!(rows[1][7..], ["true", "2", "dev-cam-a"]);
+    assert_eq!(rows[2][7..], ["false", "2", "dev-cam-b"]);
+}
+
+/// The cells of column `header` of a table, cut at the header's offsets
+/// (cells may hold spaces: kubectl prints a list as `[a b]`); an empty
+/// cell (kubectl's for a path with no value) reads `<none>`, as steward
+/// prints it.
+fn column(table: &str, header: &str) -> Vec<String> {
+    let mut lines = table.lines();
+    let head = lines.next().unwrap();
+    let at = head
+        .find(&format!("{header} "))
+        .unwrap_or_else(|| panic!("no column {header} in {head:?}"));
+    let end = head[at..]
+        .find(char::is_whitespace)
+        .map(|w| at + w)
+        .and_then(|w| head[w..].find(|c: char| !c.is_whitespace()).map(|n| w + n))
+        .unwrap_or(usize::MAX);
+    lines
+        .map(|l| {
+            let cell = l.get(at..end.min(l.len())).unwrap_or_default().trim();
+            if cell.is_empty() { "<none>" } else { cell }.to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_and_steward_agree_on_every_instance() {
+    let s = seeded().await;
+    let k = Kubectl::new(&s.cluster.server).await;
+    // kubectl prints the CRD's printer columns (server-side Table).
+    let theirs = k.ok(&["get", "instances.steward.dev", "-A"]).await;
+    let ours = steward(&s, &["get", "instances", "-A"]).await;
+    let ours = ours.ok();
+    for header in ["NAMESPACE", "NAME", "CONFIGURATION", "READY"] {
+        assert_eq!(
+            column(&theirs, header),
+            column(ours, header),
+            "column {header}:\nkubectl:\n{theirs}\nsteward:\n{ours}"
+        );
+    }
+    assert_eq!(column(&theirs, "READY"), ["False", "True", "<none>"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,6 +451,8 @@ async fn describe_instance_shows_who_holds_each_slot() {
         "Capacity:       2",
         "Held:           1/2",
         "Nodes:          node-a, node-b",
+        "Conditions:",
+        "Served On:",
         "Properties:     MODEL=x1",
         "                SERIAL=42",
         "Slots:",
@@ -395,6 +472,39 @@ async fn describe_instance_shows_who_holds_each_slot() {
         "{held}"
     );
     assert!(held.ends_with(" ago)"), "{held}");
+    let row = |prefix: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix:?} in:\n{text}"))
+            .to_string()
+    };
+    // Column widths follow the ages ("3y11d ago"): compare the headers' words.
+    let under = |label: &str| -> Vec<&str> {
+        let at = lines.iter().position(|l| *l == label).unwrap();
+        lines[at + 1].split_whitespace().collect()
+    };
+    assert_eq!(
+        under("Conditions:"),
+        ["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"]
+    );
+    assert_eq!(
+        under("Served On:"),
+        ["NODE", "REGISTERED", "SINCE", "MESSAGE"]
+    );
+    let ready = row("  Ready ");
+    assert!(
+        ready.starts_with("  Ready   False    NotServed   2023-11-14T22:13:20Z ("),
+        "{ready}"
+    );
+    assert!(
+        ready.ends_with(" ago)   node node-b: registration with kubelet failed: dialling kubelet"),
+        "{ready}"
+    );
+    assert!(row("  node-a ").starts_with("  node-a   true         2023-11-14T22:13:20Z ("));
+    assert!(
+        row("  node-b ").ends_with(" ago)   registration with kubelet failed: dialling kubelet")
+    );
     assert!(
         lines.iter().any(|l| l.starts_with("Created:        20")),
         "{text}"

@@ -13,6 +13,7 @@
 
 pub mod client;
 mod error;
+pub mod kubectl;
 mod openapi;
 mod protobuf;
 mod schema;
@@ -25,6 +26,7 @@ mod table;
 mod types;
 mod validation;
 mod watch;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -176,6 +178,17 @@ impl ApiServer {
                 tracing::error!("API server stand-in store lock is poisoned");
                 None
             }
+        }
+    }
+
+    /// Serves the kinds a Helm chart installs besides CRDs (ServiceAccount,
+    /// Service, DaemonSet, Deployment, ClusterRole(Binding), Role(Binding)),
+    /// with schemas from k8s-openapi's types: unknown fields are refused
+    /// under strict validation. Opt-in: generating the schemas costs most of
+    /// a second per process, which tests that never install a chart skip.
+    pub fn serve_workloads(&self) {
+        for rt in workloads::kinds() {
+            self.register(rt);
         }
     }
 

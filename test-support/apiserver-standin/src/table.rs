@@ -552,6 +552,25 @@ fn created_age(obj: &Value, now: Timestamp) -> Value {
 enum Seg {
     Key(String),
     Index(i64),
+    /// `[?(@.key=="value")]`: the first element of a list whose string field
+    /// `key` is `value` (the table convertor prints a path's first result).
+    Filter(String, String),
+}
+
+/// `?(@.key=="value")` or `?(@.key=='value')`.
+fn parse_filter(inner: &str) -> Option<Seg> {
+    let body = inner.strip_prefix("?(")?.strip_suffix(')')?.trim();
+    let (lhs, rhs) = body.split_once("==")?;
+    let key = lhs.trim().strip_prefix("@.")?;
+    let rhs = rhs.trim();
+    let value = rhs
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .or_else(|| rhs.strip_prefix('\'').and_then(|r| r.strip_suffix('\'')))?;
+    if key.is_empty() || key.contains(['.', '[']) {
+        return None;
+    }
+    Some(Seg::Filter(key.to_string(), value.to_string()))
 }
 
 fn parse_path(path: &str) -> Option<Vec<Seg>> {
@@ -569,7 +588,9 @@ fn parse_path(path: &str) -> Option<Vec<Seg>> {
                 let end = chars[i..].iter().position(|c| *c == ']')? + i;
                 let inner: String = chars[i + 1..end].iter().collect();
                 let inner = inner.trim();
-                if let Some(q) = inner
+                if inner.starts_with('?') {
+                    segs.push(parse_filter(inner)?);
+                } else if let Some(q) = inner
                     .strip_prefix('\'')
                     .and_then(|s| s.strip_suffix('\''))
                     .or_else(|| inner.strip_prefix('"').and_then(|s| s.strip_suffix('"')))
@@ -612,6 +633,10 @@ fn eval_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
             };
             a.get(idx)
         }
+        Seg::Filter(k, want) => v
+            .as_array()?
+            .iter()
+            .find(|e| e.get(k.as_str()).and_then(Value::as_str) == Some(want.as_str())),
     })
 }
 
@@ -1047,6 +1072,21 @@ mod tests {
         assert_eq!(eval_path(&o, ".spec.l[-1]"), Some(&json!("y")));
         assert_eq!(eval_path(&o, ".spec.m['k/x']"), Some(&json!("v")));
         assert_eq!(eval_path(&o, ".spec.missing"), None);
+        let c = json!({"status": {"conditions": [
+            {"type": "Other", "status": "False"},
+            {"type": "Ready", "status": "True"}
+        ]}});
+        let ready = ".status.conditions[?(@.type==\"Ready\")].status";
+        assert_eq!(eval_path(&c, ready), Some(&json!("True")));
+        assert_eq!(
+            eval_path(&c, ".status.conditions[?(@.type=='Other')].status"),
+            Some(&json!("False"))
+        );
+        assert_eq!(
+            eval_path(&c, ".status.conditions[?(@.type==\"Gone\")].status"),
+            None
+        );
+        assert_eq!(eval_path(&c, ".status.conditions[?(@.type>1)]"), None);
         assert_eq!(eval_path(&o, ".spec.l[*]"), None);
         let now = Timestamp::now();
         assert_eq!(

@@ -33,6 +33,7 @@ mod metrics;
 mod names;
 mod plugin;
 mod podresources;
+mod serving;
 mod view;
 mod watch;
 
@@ -215,11 +216,18 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         tasks.spawn(view::publish(core.clone(), hub));
     }
 
+    let serving = serving::ServingBoard::default();
+    tasks.spawn(serving::write_status(
+        client.clone(),
+        node.clone(),
+        serving.clone(),
+    ));
     let site = PluginSite {
         plugin_dir: config.plugin_dir.clone(),
         poll: config.poll,
         rpc_timeout: config.op_timeout,
         readiness: readiness.clone(),
+        serving,
     };
     let mut manager = Manager {
         core: core.clone(),
@@ -294,7 +302,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
             if let Some(r) = self.running.remove(&name) {
                 touched.insert(r.inst.config_key());
                 self.core.instance_removed(&name).await;
-                stop(r, &self.site.readiness).await;
+                stop(r, &self.site).await;
                 tracing::info!(instance = %name, "instance gone from this node; device plugin stopped");
             }
         }
@@ -307,7 +315,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                     let devices = self.core.instance_upserted(inst.clone()).await;
                     if restart {
                         if let Some(old) = self.running.remove(&name) {
-                            stop(old, &self.site.readiness).await;
+                            stop(old, &self.site).await;
                         }
                         tracing::info!(instance = %name, capacity = inst.capacity, "instance changed; restarting its device plugin");
                         let r = self.start(inst, devices);
@@ -339,6 +347,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
         let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(plugin::run(
             Arc::downgrade(&self.core),
+            inst.namespace.clone(),
             inst.name.clone(),
             inst.resource_name.clone(),
             self.site.clone(),
@@ -373,13 +382,15 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
 
     async fn stop_all(&mut self) {
         for (_, r) in std::mem::take(&mut self.running) {
-            stop(r, &self.site.readiness).await;
+            stop(r, &self.site).await;
         }
     }
 }
 
-async fn stop(r: Running, readiness: &steward_nodeio::Readiness) {
+async fn stop(r: Running, site: &PluginSite) {
     r.stop.cancel();
     finish_task(r.task, Duration::from_secs(2)).await;
-    readiness.remove(&plugin::readiness_name(&r.inst.name));
+    site.readiness.remove(&plugin::readiness_name(&r.inst.name));
+    site.serving
+        .report(&r.inst.namespace, &r.inst.name, serving::Serving::Stopped);
 }

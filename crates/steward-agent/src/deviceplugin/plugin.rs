@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use super::keeper::SlotKeeper;
 use super::podresources::connect_unix;
+use super::serving::{Serving, ServingBoard};
 use crate::claims::ClaimStore;
 
 /// The options every steward plugin advertises.
@@ -158,6 +159,8 @@ pub(crate) struct PluginSite {
     pub rpc_timeout: Duration,
     /// `device-plugin/<instance>` holds while kubelet has it registered.
     pub readiness: steward_nodeio::Readiness,
+    /// The same, for the Instances' status.
+    pub serving: ServingBoard,
 }
 
 impl PluginSite {
@@ -216,6 +219,7 @@ enum End {
 /// re-registers whenever kubelet restarts.
 pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
     core: Weak<SlotKeeper<L, C>>,
+    namespace: String,
     instance: String,
     resource_name: String,
     site: PluginSite,
@@ -269,7 +273,7 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
         }));
         let end = generation(
             &site,
-            &instance,
+            (&namespace, &instance),
             &endpoint,
             &resource_name,
             &guard,
@@ -308,7 +312,7 @@ async fn wait_or_stop(stop: &CancellationToken, d: Duration) -> bool {
 /// One registration: register (retrying) then watch for kubelet restarts.
 async fn generation<L: ClaimStore, C: ClaimStore>(
     site: &PluginSite,
-    instance: &str,
+    (namespace, instance): (&str, &str),
     endpoint: &str,
     resource_name: &str,
     socket: &SocketGuard,
@@ -317,14 +321,20 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
 ) -> End {
     let mut backoff = Backoff::doubling(site.poll, MAX_REGISTER_BACKOFF);
     let condition = readiness_name(instance);
-    site.readiness
-        .not_ready(&condition, "not registered with kubelet yet");
+    let not_ready = |why: String| {
+        site.readiness.not_ready(&condition, why.clone());
+        site.serving
+            .report(namespace, instance, Serving::NotRegistered(why));
+    };
+    not_ready("not registered with kubelet yet".to_owned());
     let kubelet_id = loop {
         let before = FileIdentity::of(&site.kubelet_socket());
         match register(site, endpoint, resource_name).await {
             Ok(()) => {
                 tracing::info!(%instance, resource = %resource_name, "device plugin registered with kubelet");
                 site.readiness.ready(&condition);
+                site.serving
+                    .report(namespace, instance, Serving::Registered);
                 if let Some(core) = core.upgrade() {
                     core.metrics.registrations.inc();
                 }
@@ -332,8 +342,7 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
             }
             Err(e) => {
                 tracing::warn!(%instance, resource = %resource_name, error = %e, "registration with kubelet failed; retrying");
-                site.readiness
-                    .not_ready(&condition, format!("registration with kubelet failed: {e}"));
+                not_ready(format!("registration with kubelet failed: {e}"));
                 if wait_or_stop(stop, backoff.next_delay()).await {
                     return End::Stop;
                 }

@@ -1,13 +1,14 @@
 //! `steward describe instance NAME`: one Instance as kubectl describes
-//! objects: its metadata, Configuration, device, nodes and properties, and
-//! every slot with who holds it since when.
+//! objects: its metadata, Configuration, device, nodes, conditions and
+//! which nodes serve it to kubelet, properties, and every slot with who
+//! holds it since when.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::bail;
 use kube::Api;
-use steward_api::{Configuration, Instance, SlotClaim, slot_id};
+use steward_api::{Configuration, Instance, InstanceStatus, SlotClaim, slot_id};
 
 use super::cluster::{
     Cluster, ClusterArgs, ScopeArgs, by_instance, claim_pod, claim_since_ms, claim_state,
@@ -102,6 +103,51 @@ fn claim_row(id: String, c: Option<&SlotClaim>, now: i64) -> Vec<String> {
     }
 }
 
+const CONDITION_HEADERS: [&str; 5] = ["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"];
+const SERVING_HEADERS: [&str; 4] = ["NODE", "REGISTERED", "SINCE", "MESSAGE"];
+
+/// The Instance's conditions and which nodes serve it to kubelet.
+fn status_fields(out: &mut String, status: Option<&InstanceStatus>, now: i64) {
+    let (conditions, nodes) = status.map_or((&[][..], &[][..]), |s| {
+        (s.conditions.as_slice(), s.nodes.as_slice())
+    });
+    if conditions.is_empty() {
+        field(out, 0, "Conditions", "<none>");
+    } else {
+        let _ = writeln!(out, "Conditions:");
+        let rows: Vec<Vec<String>> = conditions
+            .iter()
+            .map(|c| {
+                vec![
+                    c.type_.clone(),
+                    c.status.clone(),
+                    dash(c.reason.clone()),
+                    when(Some(c.last_transition_time.0.as_millisecond()), now),
+                    dash(one_line(&c.message)),
+                ]
+            })
+            .collect();
+        indented_table(out, &CONDITION_HEADERS, &rows);
+    }
+    if nodes.is_empty() {
+        field(out, 0, "Served On", "<none>");
+    } else {
+        let _ = writeln!(out, "Served On:");
+        let rows: Vec<Vec<String>> = nodes
+            .iter()
+            .map(|n| {
+                vec![
+                    n.node.clone(),
+                    n.registered.to_string(),
+                    when(Some(n.since.0.as_millisecond()), now),
+                    dash(one_line(n.message.as_deref().unwrap_or_default())),
+                ]
+            })
+            .collect();
+        indented_table(out, &SERVING_HEADERS, &rows);
+    }
+}
+
 const SLOT_HEADERS: [&str; 6] = ["SLOT", "STATE", "NODE", "POD", "CONTAINER", "SINCE"];
 
 /// The description of `instance`, whose slot claims are `claims` (by index).
@@ -187,6 +233,7 @@ pub fn render(
             spec.nodes.join(", ")
         },
     );
+    status_fields(&mut out, instance.status.as_ref(), now);
     map_field(&mut out, "Properties", &spec.properties, "=");
     let mounts: Vec<String> = spec
         .mounts
@@ -298,6 +345,8 @@ Shared:         false
 Capacity:       2
 Held:           1/2
 Nodes:          node-a, node-b
+Conditions:     <none>
+Served On:      <none>
 Properties:     A=1
                 B=2
 Mounts:

@@ -1,5 +1,6 @@
 //! `steward get instances`: the Instances of a namespace (or all), with how
-//! many of their slots are held (from the SlotClaims).
+//! many of their slots are held (from the SlotClaims) and whether every node
+//! listed serves them (`Ready`).
 
 use steward_api::Instance;
 
@@ -21,7 +22,15 @@ pub struct GetArgs {
     output: Format,
 }
 
-const HEADERS: [&str; 6] = ["NAME", "CONFIGURATION", "CAPACITY", "HELD", "NODES", "AGE"];
+const HEADERS: [&str; 7] = [
+    "NAME",
+    "CONFIGURATION",
+    "CAPACITY",
+    "HELD",
+    "NODES",
+    "READY",
+    "AGE",
+];
 const WIDE: [&str; 3] = ["SHARED", "PROPERTIES", "DEVICE"];
 
 /// The header line: NAMESPACE with `-A`, the wide columns after AGE.
@@ -48,6 +57,7 @@ fn row(snap: &Snapshot, i: &Instance, all_namespaces: bool, wide: bool, now: i64
         i.spec.capacity.to_string(),
         snap.held(i).to_string(),
         list_or_none(&i.spec.nodes),
+        ready(i),
         age(created_ms(i), now),
     ]);
     if wide {
@@ -58,6 +68,19 @@ fn row(snap: &Snapshot, i: &Instance, all_namespaces: bool, wide: bool, now: i64
         ]);
     }
     r
+}
+
+/// The `Ready` condition's status (as `kubectl get` prints the CRD's
+/// column), `<none>` before any agent wrote it.
+fn ready(i: &Instance) -> String {
+    i.status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == steward_api::CONDITION_READY)
+        })
+        .map_or_else(|| "<none>".to_owned(), |c| c.status.clone())
 }
 
 /// The table for a snapshot.
@@ -105,11 +128,17 @@ mod tests {
     #[test]
     fn held_counts_claims_of_the_instances_slots_only() {
         let now = 1_700_000_100_000;
+        let mut served = instance("default", "cam-a", 2, &["node-a", "node-b"]);
+        let mut status = steward_api::InstanceStatus::default();
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+        for n in &served.spec.nodes {
+            status.set_serving(n, Some((true, None)), &served.spec.nodes, None, at.clone());
+        }
+        served.status = Some(status);
         let snap = Snapshot {
-            instances: vec![
-                instance("default", "cam-a", 2, &["node-a", "node-b"]),
-                instance("default", "cam-b", 1, &[]),
-            ],
+            instances: vec![served, instance("default", "cam-b", 1, &[])],
             claims: by_instance(vec![
                 claim("default", "cam-a", 1, Some("apps/web")),
                 // beyond capacity: not one of cam-b's slots
@@ -121,9 +150,9 @@ mod tests {
         let t = render(&snap, false, false, now);
         assert_eq!(
             t,
-            "NAME    CONFIGURATION   CAPACITY   HELD   NODES           AGE\n\
-             cam-a   cams            2          1      node-a,node-b   100s\n\
-             cam-b   cams            1          0      <none>          100s\n"
+            "NAME    CONFIGURATION   CAPACITY   HELD   NODES           READY    AGE\n\
+             cam-a   cams            2          1      node-a,node-b   True     100s\n\
+             cam-b   cams            1          0      <none>          <none>   100s\n"
         );
         let wide = render(&snap, true, true, now);
         let lines: Vec<Vec<&str>> = wide
@@ -139,6 +168,7 @@ mod tests {
                 "CAPACITY",
                 "HELD",
                 "NODES",
+                "READY",
                 "AGE",
                 "SHARED",
                 "PROPERTIES",
@@ -154,6 +184,7 @@ mod tests {
                 "2",
                 "1",
                 "node-a,node-b",
+                "True",
                 "100s",
                 "false",
                 "2",

@@ -1,0 +1,203 @@
+//! The chart as an operator installs it: rendered with a real helm 4 and
+//! applied with a real kubectl 1.34 (default, strict field validation) to
+//! the API server stand-in, which serves the built-in kinds the chart uses
+//! with schemas from k8s-openapi's types. Every object under every value set
+//! is accepted, stored as rendered and visible to `kubectl get`; applying
+//! again changes nothing; a field Kubernetes does not have is refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_yaml_ng::Value;
+use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::kubectl::Kubectl;
+
+const RELEASE: &str = "t";
+const NAMESPACE: &str = "steward-system";
+
+/// Value sets applied: default, the CRI proxy, the reservation controller
+/// and extender, handlers as their own DaemonSets, and no RBAC.
+const VALUE_SETS: &[&[&str]] = &[
+    &[],
+    &["criProxy.enabled=true", "agent.podResources.groupId=472"],
+    &["controller.enabled=true", "extender.enabled=true"],
+    &[
+        "agent.embeddedHandlers={debug-echo}",
+        "discoveryHandlers.udev.enabled=true",
+        "discoveryHandlers.tcpProbe.enabled=true",
+        "agent.networkHandlerCidrs={10.0.0.0/8}",
+    ],
+    &["rbac.create=false", "logFormat=json"],
+];
+
+/// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
+fn helm() -> PathBuf {
+    std::env::var_os("STEWARD_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("helm"))
+}
+
+fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
+}
+
+/// `helm template --include-crds` of the chart with `sets`: the text.
+fn render(sets: &[&str]) -> String {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", RELEASE]).arg(chart_dir()).args([
+        "--namespace",
+        NAMESPACE,
+        "--include-crds",
+    ]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
+            helm().display()
+        )
+    });
+    assert!(
+        out.status.success(),
+        "helm template {sets:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    use k8s_openapi::serde::Deserialize as _;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// kubectl's `-o name` of an object: `daemonset.apps/NAME`, `serviceaccount/NAME`.
+fn kubectl_name(o: &Value) -> String {
+    let kind = o["kind"].as_str().unwrap().to_lowercase();
+    let api = o["apiVersion"].as_str().unwrap();
+    let name = o["metadata"]["name"].as_str().unwrap();
+    match api.rsplit_once('/') {
+        Some((group, _)) => format!("{kind}.{group}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
+}
+
+async fn standin() -> (ApiServer, Kubectl) {
+    let server = ApiServer::start().await.unwrap();
+    server.serve_workloads();
+    let k = Kubectl::new(&server).await;
+    k.ok(&["create", "namespace", NAMESPACE]).await;
+    (server, k)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rendered_object_is_applied_and_seen_by_kubectl() {
+    for sets in VALUE_SETS {
+        let (server, k) = standin().await;
+        let text = render(sets);
+        let file = k.dir().join("rendered.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let file = file.to_str().unwrap();
+        let applied = k.ok(&["apply", "-f", file]).await;
+        let docs = documents(&text);
+        let want: BTreeSet<String> = docs.iter().map(kubectl_name).collect();
+        assert_eq!(
+            applied.lines().count(),
+            want.len(),
+            "{sets:?}: one line per object:\n{applied}"
+        );
+        for line in applied.lines() {
+            assert!(line.ends_with(" created"), "{sets:?}: {line}");
+        }
+
+        // kubectl finds every object, and no other of those kinds.
+        let kinds: BTreeSet<String> = want
+            .iter()
+            .map(|n| n.split_once('/').unwrap().0.to_owned())
+            .collect();
+        let kinds: Vec<String> = kinds.into_iter().collect();
+        let got = k.ok(&["get", &kinds.join(","), "-A", "-o", "name"]).await;
+        let got: BTreeSet<String> = got.lines().map(str::to_owned).collect();
+        assert_eq!(got, want, "{sets:?}");
+
+        // What was stored is what was rendered (nothing pruned or rewritten):
+        // every container's command line, as kubectl reads it back.
+        for d in docs
+            .iter()
+            .filter(|d| d["kind"] == "DaemonSet" || d["kind"] == "Deployment")
+        {
+            let name = d["metadata"]["name"].as_str().unwrap();
+            let kind = d["kind"].as_str().unwrap().to_lowercase();
+            let stored = k
+                .ok(&["get", &kind, name, "-n", NAMESPACE, "-o", "json"])
+                .await;
+            let stored: serde_json::Value = serde_json::from_str(&stored).unwrap();
+            let stored: Vec<Vec<String>> = stored["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    c["args"]
+                        .as_array()
+                        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+                        .unwrap_or_default()
+                })
+                .collect();
+            let rendered: Vec<Vec<String>> = d["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    c["args"]
+                        .as_sequence()
+                        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+                        .unwrap_or_default()
+                })
+                .collect();
+            assert_eq!(stored, rendered, "{sets:?}: {kind}/{name}");
+        }
+
+        // Applying the same manifest again changes nothing.
+        let again = k.ok(&["apply", "-f", file]).await;
+        for line in again.lines() {
+            assert!(line.ends_with(" unchanged"), "{sets:?}: {line}");
+        }
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_kubernetes_does_not_have_is_refused() {
+    let (server, k) = standin().await;
+    let mut docs = documents(&render(&[]));
+    let agent = docs
+        .iter_mut()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the agent DaemonSet");
+    let container = &mut agent["spec"]["template"]["spec"]["containers"][0];
+    let hardened = container["securityContext"].clone();
+    container
+        .as_mapping_mut()
+        .unwrap()
+        .insert("securityContex".into(), hardened);
+    let name = agent["metadata"]["name"].as_str().unwrap().to_owned();
+    let file = k.dir().join("typo.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(agent).unwrap()).unwrap();
+    let out = k.output(&["apply", "-f", file.to_str().unwrap()]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the typo was accepted");
+    assert!(
+        stderr.contains("unknown field \"spec.template.spec.containers[0].securityContex\""),
+        "{stderr}"
+    );
+    let get = k
+        .output(&["get", "daemonset", &name, "-n", NAMESPACE])
+        .await;
+    assert!(!get.status.success(), "nothing was stored");
+    server.shutdown().await;
+}
