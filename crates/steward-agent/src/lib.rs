@@ -14,6 +14,7 @@ pub mod deviceplugin;
 mod discovery;
 mod error;
 pub mod events;
+pub mod local_api;
 pub mod metrics;
 pub mod node_store;
 mod nodes;
@@ -118,6 +119,13 @@ pub async fn run(
             configurations_file,
         } => {
             drop(node_tx);
+            let socket = cfg.state_dir.join(local_api::SOCKET);
+            let (reader, until) = (state.clone(), stop.clone());
+            background.push(tokio::spawn(async move {
+                if let Err(e) = local_api::serve(&socket, reader, until).await {
+                    tracing::error!(error = %e, "the local read API could not start");
+                }
+            }));
             background.push(tokio::spawn(source::file_source(
                 configurations_file.clone(),
                 cfg.timings.file_poll_interval,

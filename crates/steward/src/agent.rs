@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use steward_agent::deviceplugin::DevicePluginConfig;
-use steward_agent::{AgentConfig, AgentMetrics, Mode, NodeStore};
+use steward_agent::{AgentConfig, AgentMetrics, Mode};
 
 pub const DEFAULT_REGISTRATION_SOCKET: &str = "/var/lib/steward/registration.sock";
 const DEFAULT_STATE_DIR: &str = "/var/lib/steward";
@@ -155,10 +155,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .context("agent failed")
 }
 
-pub fn print_instances(args: &InstancesArgs) -> anyhow::Result<()> {
-    let store = NodeStore::open(&args.state_dir)
-        .with_context(|| format!("opening the embedded store in {}", args.state_dir.display()))?;
-    let mut instances = store.instances().context("reading Instances")?;
+/// The running agent's Instances (its read API), or its store's when it
+/// is stopped; see `steward get instances --state-dir` for tables as in a
+/// cluster.
+pub async fn print_instances(args: &InstancesArgs) -> anyhow::Result<()> {
+    let (mut instances, _) =
+        crate::cli::local::instances(&args.state_dir, Duration::from_secs(10)).await?;
     instances.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     println!(
         "{:<34} {:<16} {:<7} {:<20} {:<28} PROPERTIES",

@@ -122,7 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{yaml}");
             Ok(())
         }
-        Command::Instances(args) => agent::print_instances(&args),
+        Command::Instances(args) => runtime()?.block_on(agent::print_instances(&args)),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
         Command::Controller(args) => runtime()?.block_on(controller::run(args)),

@@ -1,6 +1,7 @@
 //! `steward agent --standalone` as a process (what `scripts/local-run` does):
-//! Configurations from a file, Instances in the embedded store, read back
-//! after SIGTERM with `steward instances`.
+//! Configurations from a file, Instances in the embedded store, read while it
+//! runs with `steward get instances --state-dir` (its read API) and after
+//! SIGTERM from the store.
 
 mod common;
 
@@ -71,6 +72,22 @@ fn sample(text: &str, name_suffix: &str, labels: &str) -> Option<f64> {
         let ok = name.ends_with(name_suffix) && rest.trim_end_matches('}') == labels;
         if ok { value.parse().ok() } else { None }
     })
+}
+
+/// stdout of `steward ARGS DIR`; fails with stderr when it fails.
+fn steward_out(args: &[&str], dir: &Path) -> anyhow::Result<String> {
+    let out = Command::new(STEWARD)
+        .args(args)
+        .arg(dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .with_context(|| format!("running steward {args:?}"))?;
+    ensure!(
+        out.status.success(),
+        "steward {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 fn free_local_addr() -> anyhow::Result<std::net::SocketAddr> {
@@ -145,9 +162,59 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     );
     ensure!(ready.ends_with("ok\n"), "{ready}");
 
+    // While it runs, its store is its own: `get instances --state-dir`
+    // reads the agent's read API, in the table a cluster gets.
+    let live = steward_out(&["get", "instances", "--state-dir"], &state)?;
+    let rows: Vec<Vec<&str>> = live
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    ensure!(
+        rows.first().map(|r| &r[..7])
+            == Some(
+                &[
+                    "NAMESPACE",
+                    "NAME",
+                    "CONFIGURATION",
+                    "CAPACITY",
+                    "HELD",
+                    "NODES",
+                    "READY"
+                ][..]
+            ),
+        "{live}"
+    );
+    ensure!(rows.len() == 5, "four Instances:\n{live}");
+    for r in &rows[1..] {
+        ensure!(
+            r[0] == "default"
+                && r[1].starts_with("debug-echo-")
+                && r[2..6] == ["debug-echo", "2", "0", "local-node"],
+            "row {r:?} in:\n{live}"
+        );
+    }
+    let json = steward_out(&["get", "instances", "-o", "json", "--state-dir"], &state)?;
+    let list: serde_yaml_ng::Value = serde_yaml_ng::from_str(&json)?;
+    let items = list["items"].as_sequence().map(Vec::len);
+    ensure!(items == Some(4), "{json}");
+    ensure!(state.join("agent.sock").exists());
+    // Not a cluster flag at the same time.
+    let both = Command::new(STEWARD)
+        .args(["get", "instances", "-A", "--state-dir"])
+        .arg(&state)
+        .output()?;
+    ensure!(!both.status.success(), "-A with --state-dir was accepted");
+
     agent.sigterm()?;
     let status = agent.wait_exit(Duration::from_secs(15)).await?;
     ensure!(status.success(), "agent exited with {status}");
+    ensure!(
+        !state.join("agent.sock").exists(),
+        "the read API socket is left behind"
+    );
+    // Stopped: the same Instances, read from the store.
+    let stopped = steward_out(&["get", "instances", "--state-dir"], &state)?;
+    ensure!(stopped.lines().count() == 5, "{stopped}");
 
     // --log-format json: every line a JSON object a log collector can read.
     let logged = std::fs::read_to_string(&log)?;

@@ -15,6 +15,10 @@ use super::output::table;
 pub struct GetArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
+    /// Read a standalone agent instead of a cluster: its state directory
+    /// (the running agent's read API there, else its store).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "context", "all_namespaces", "namespace"])]
+    state_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     scope: ScopeArgs,
     /// Output format.
@@ -94,6 +98,9 @@ pub fn render(snap: &Snapshot, all_namespaces: bool, wide: bool, now: i64) -> St
 }
 
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.state_dir {
+        return get_local(dir, &args).await;
+    }
     let cluster = Cluster::connect(&args.cluster).await?;
     let text = match args.output {
         Format::Table | Format::Wide => {
@@ -114,6 +121,30 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
             items.sort_by_key(super::cluster::key);
             structured(&List::new(&items), args.output == Format::Json)?
         }
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// `get instances --state-dir`: a standalone agent's Instances. It holds
+/// no slots (device plugins need kubelet), so HELD is 0.
+async fn get_local(dir: &std::path::Path, args: &GetArgs) -> anyhow::Result<()> {
+    let (items, _) = super::local::instances(dir, args.cluster.request_timeout).await?;
+    let text = match args.output {
+        Format::Table | Format::Wide => {
+            if items.is_empty() {
+                eprintln!("No resources found in {}.", dir.display());
+                return Ok(());
+            }
+            let snap = Snapshot {
+                instances: items,
+                claims: Default::default(),
+            };
+            // Standalone Instances all live in their Configurations'
+            // namespaces: show them, as `-A` does.
+            render(&snap, true, args.output == Format::Wide, now_ms())
+        }
+        Format::Json | Format::Yaml => structured(&List::new(&items), args.output == Format::Json)?,
     };
     print!("{text}");
     Ok(())

@@ -15,6 +15,7 @@ mod describe;
 mod explain;
 mod handlers;
 mod instances;
+pub mod local;
 mod output;
 mod quiet;
 mod slots;

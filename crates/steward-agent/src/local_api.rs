@@ -1,0 +1,148 @@
+//! The standalone agent's read API: what `kubectl get` reads from the API
+//! server in a cluster, read from the running agent on one machine. HTTP/1
+//! on a unix socket in the state directory ([`SOCKET`], mode 0600), because
+//! the embedded store is the running agent's alone (one process may open
+//! it). `steward get instances --state-dir DIR` reads it; so can
+//! `curl --unix-socket DIR/agent.sock http://agent/instances`.
+//!
+//! - `GET /instances`: a Kubernetes-style `List` of the Instances in the
+//!   store, as the custom resources look in a cluster.
+//!
+//! Anything else answers 404 (405 for another method) with a one-line
+//! reason. Read-only: nothing here writes the store.
+
+use std::path::Path;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::json;
+use steward_nodeio::BindOptions;
+use tokio_util::sync::CancellationToken;
+
+use crate::NodeStore;
+
+/// The socket's file name in the state directory.
+pub const SOCKET: &str = "agent.sock";
+
+/// Owner only: the Instances name host devices.
+const SOCKET_MODE: u32 = 0o600;
+
+/// Serves the API on `path` until `stop` is cancelled; the socket file is
+/// removed when it ends.
+pub async fn serve(
+    path: &Path,
+    state: NodeStore,
+    stop: CancellationToken,
+) -> Result<(), steward_nodeio::NodeIoError> {
+    let (listener, _guard) = steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE))?;
+    tracing::info!(path = %path.display(), "serving the local read API");
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "local API accept failed");
+                    continue;
+                }
+            },
+        };
+        let state = state.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&req, &state)) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+            tokio::select! {
+                () = stop.cancelled() => {}
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(error = %e, "local API connection ended with an error");
+                },
+            }
+        });
+    }
+}
+
+fn respond<B>(req: &Request<B>, state: &NodeStore) -> Response<Full<Bytes>> {
+    if req.uri().path() != "/instances" {
+        return error(StatusCode::NOT_FOUND, "no such resource; GET /instances");
+    }
+    if req.method() != Method::GET {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET /instances");
+    }
+    match state.instances() {
+        Ok(mut items) => {
+            items.sort_by(|a, b| {
+                (&a.metadata.namespace, &a.metadata.name)
+                    .cmp(&(&b.metadata.namespace, &b.metadata.name))
+            });
+            let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+            reply(StatusCode::OK, list.to_string())
+        }
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("reading the Instances: {e}"),
+        ),
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    reply(status, json!({"error": message}).to_string())
+}
+
+fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn http(path: &Path, request: &str) -> String {
+        let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn lists_the_store_and_refuses_anything_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = NodeStore::open(dir.path()).unwrap();
+        let socket = dir.path().join(SOCKET);
+        let stop = CancellationToken::new();
+        let server = tokio::spawn({
+            let (socket, stop) = (socket.clone(), stop.clone());
+            async move { serve(&socket, store, stop).await }
+        });
+        while !socket.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let ok = http(&socket, "GET /instances HTTP/1.0\r\n\r\n").await;
+        assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
+        assert!(ok.ends_with(r#"{"apiVersion":"v1","items":[],"kind":"List"}"#), "{ok}");
+        let missing = http(&socket, "GET /pods HTTP/1.0\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.0 404"), "{missing}");
+        let write = http(&socket, "DELETE /instances HTTP/1.0\r\n\r\n").await;
+        assert!(write.starts_with("HTTP/1.0 405"), "{write}");
+        assert!(write.contains("read-only"), "{write}");
+        stop.cancel();
+        server.await.unwrap().unwrap();
+        assert!(!socket.exists(), "the socket is removed when the API stops");
+    }
+}

@@ -1,0 +1,124 @@
+//! A standalone agent's Instances, for `steward get instances --state-dir`
+//! and `steward instances`: from the running agent's read API
+//! (`<state-dir>/agent.sock`), or, when no agent runs, from its embedded
+//! store directly (one process may open the store: the running agent's).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use serde::Deserialize;
+use steward_agent::NodeStore;
+use steward_agent::StateError;
+use steward_agent::local_api::SOCKET;
+use steward_api::Instance;
+
+/// Where the Instances were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The running agent answered.
+    Agent,
+    /// No agent runs; its store was read.
+    Store,
+}
+
+#[derive(Deserialize)]
+struct ListOf {
+    items: Vec<Instance>,
+}
+
+/// The standalone agent's Instances in `state_dir`, sorted by namespace and
+/// name. Each answer of the agent is awaited at most `timeout`.
+pub async fn instances(
+    state_dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<Instance>, Source)> {
+    let socket = state_dir.join(SOCKET);
+    match tokio::net::UnixStream::connect(&socket).await {
+        Ok(stream) => {
+            let items = tokio::time::timeout(timeout, ask(stream))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "the agent at {} did not answer within {timeout:?}",
+                        socket.display()
+                    )
+                })??;
+            Ok((items, Source::Agent))
+        }
+        // No socket, or a stale one: no agent runs here. Its store says
+        // what it left.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            if !state_dir
+                .join(steward_agent::node_store::STATE_FILE)
+                .exists()
+            {
+                bail!(
+                    "no standalone agent state in {}: neither {SOCKET} nor {} (is it the agent's --state-dir?)",
+                    state_dir.display(),
+                    steward_agent::node_store::STATE_FILE
+                );
+            }
+            let store = match NodeStore::open(state_dir) {
+                Ok(s) => s,
+                Err(e @ StateError::Busy { .. }) => {
+                    bail!("{e}; an agent holds the store but does not serve {SOCKET}")
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("opening the embedded store in {}", state_dir.display())
+                    });
+                }
+            };
+            let mut items = store.instances().context("reading Instances")?;
+            items.sort_by(|a, b| {
+                (&a.metadata.namespace, &a.metadata.name)
+                    .cmp(&(&b.metadata.namespace, &b.metadata.name))
+            });
+            Ok((items, Source::Store))
+        }
+        Err(e) => Err(e).with_context(|| format!("connecting to {}", socket.display())),
+    }
+}
+
+/// `GET /instances` on a connected socket.
+async fn ask(stream: tokio::net::UnixStream) -> anyhow::Result<Vec<Instance>> {
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .context("talking to the agent")?;
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get("/instances")
+        .header(hyper::header::HOST, "agent")
+        .body(Empty::<Bytes>::new())
+        .context("building the request")?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .context("asking the agent for its Instances")?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading the agent's answer")?
+        .to_bytes();
+    conn.abort();
+    if !status.is_success() {
+        let why = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        bail!("the agent answered {status}: {why}");
+    }
+    let list: ListOf =
+        serde_json::from_slice(&body).context("the agent's answer is not a list of Instances")?;
+    Ok(list.items)
+}
