@@ -135,7 +135,10 @@ mod tests {
         }
         let ok = http(&socket, "GET /instances HTTP/1.0\r\n\r\n").await;
         assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
-        assert!(ok.ends_with(r#"{"apiVersion":"v1","items":[],"kind":"List"}"#), "{ok}");
+        assert!(
+            ok.ends_with(r#"{"apiVersion":"v1","items":[],"kind":"List"}"#),
+            "{ok}"
+        );
         let missing = http(&socket, "GET /pods HTTP/1.0\r\n\r\n").await;
         assert!(missing.starts_with("HTTP/1.0 404"), "{missing}");
         let write = http(&socket, "DELETE /instances HTTP/1.0\r\n\r\n").await;
