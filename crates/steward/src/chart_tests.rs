@@ -15,7 +15,8 @@ use crate::Cli;
 
 /// The value sets CI renders: default, CRI proxy on (cluster configuration),
 /// the reservation controller, CRI proxy with a file configuration, handlers
-/// as their own DaemonSets, no RBAC (bring your own), and the smallest agent.
+/// as their own DaemonSets, no RBAC (bring your own), the agent standalone
+/// (no API server), and the smallest agent.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["criProxy.enabled=true"],
@@ -40,6 +41,10 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
     ],
     &["rbac.create=false", "logFormat=json"],
+    &[
+        "agent.standalone.enabled=true",
+        "agent.standalone.configurations=kind: Configuration",
+    ],
     &[
         "agent.embeddedHandlers=null",
         "agent.devicePlugins=false",
@@ -224,6 +229,69 @@ fn chart_options_reach_the_command_lines() {
 }
 
 #[test]
+fn a_standalone_agent_gets_its_configurations_and_no_api_access() {
+    let objects = render(&[
+        "agent.standalone.enabled=true",
+        "agent.standalone.configurations=kind: Configuration",
+    ]);
+    let (_, spec) = pod_specs(&objects)
+        .into_iter()
+        .find(|(n, _)| n == "t-steward-agent")
+        .expect("the agent DaemonSet");
+    let args = strings(&spec["containers"][0]["args"]);
+    for want in [
+        "--standalone",
+        "--configurations=/etc/steward/configurations/configurations.yaml",
+        "--no-device-plugins",
+        "--cdi-dir=",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    assert_eq!(spec["automountServiceAccountToken"].as_bool(), Some(false));
+    assert!(spec["serviceAccountName"].is_null());
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "configurations")
+        .expect("the Configurations mounted");
+    assert_eq!(mount["mountPath"], "/etc/steward/configurations");
+    let cm = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .expect("a ConfigMap of Configurations");
+    assert_eq!(
+        cm["data"]["configurations.yaml"].as_str(),
+        Some("kind: Configuration\n")
+    );
+    // No agent identity: nothing to grant.
+    for o in &objects {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(
+            !(name == "t-steward-agent"
+                && ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+                    .contains(&o["kind"].as_str().unwrap_or_default())),
+            "{} {name} rendered for a standalone agent",
+            o["kind"].as_str().unwrap_or_default()
+        );
+    }
+    // The device plugin directory is not mounted.
+    let volumes = strings(
+        &spec["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].clone())
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    assert!(
+        !volumes.contains(&"device-plugins".to_owned()),
+        "{volumes:?}"
+    );
+}
+
+#[test]
 fn bad_values_are_refused_with_the_reason() {
     for (set, reason) in [
         ("agent.metrics.port=0", "/agent/metrics/port"),
@@ -247,6 +315,10 @@ fn bad_values_are_refused_with_the_reason() {
         assert!(!out.status.success(), "--set {set} was accepted");
         assert!(err.contains(reason), "--set {set}: {err}");
     }
+    // Standalone without Configurations is refused.
+    let out = run_helm("template", &["agent.standalone.enabled=true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent.standalone.configurations"));
     // A handler both embedded and run as its own DaemonSet is refused.
     let out = run_helm("template", &["discoveryHandlers.udev.enabled=true"]);
     assert!(!out.status.success());

@@ -18,7 +18,8 @@ const RELEASE: &str = "t";
 const NAMESPACE: &str = "steward-system";
 
 /// Value sets applied: default, the CRI proxy, the reservation controller
-/// and extender, handlers as their own DaemonSets, and no RBAC.
+/// and extender, handlers as their own DaemonSets, no RBAC, and the agent
+/// standalone.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["criProxy.enabled=true", "agent.podResources.groupId=472"],
@@ -30,6 +31,10 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.networkHandlerCidrs={10.0.0.0/8}",
     ],
     &["rbac.create=false", "logFormat=json"],
+    &[
+        "agent.standalone.enabled=true",
+        "agent.standalone.configurations=kind: Configuration",
+    ],
 ];
 
 /// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
