@@ -89,6 +89,9 @@ pub async fn run(
     };
     let hub = view.as_ref().map(|(hub, _)| hub.clone());
     let mut plugins = None;
+    // Standalone: the read API holds the store; awaited at the end so the
+    // store is free when `run` returns.
+    let mut local_api = None;
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
             let (events, events_task) = events::EventSink::start(client.clone(), &cfg.node_name);
@@ -121,11 +124,11 @@ pub async fn run(
             drop(node_tx);
             let socket = cfg.state_dir.join(local_api::SOCKET);
             let (reader, until) = (state.clone(), stop.clone());
-            background.push(tokio::spawn(async move {
+            local_api = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                 if let Err(e) = local_api::serve(&socket, reader, until).await {
                     tracing::error!(error = %e, "the local read API could not start");
                 }
-            }));
+            })));
             background.push(tokio::spawn(source::file_source(
                 configurations_file.clone(),
                 cfg.timings.file_poll_interval,
@@ -166,6 +169,10 @@ pub async fn run(
     stop.cancel();
     for task in background {
         task.abort();
+    }
+    if let Some(task) = local_api {
+        // Ends on the stop signal, after its connections.
+        deviceplugin::finish_task(task, std::time::Duration::from_secs(5)).await;
     }
     if let Some(task) = plugins {
         // Bounded: the plugins stop their servers on the stop signal.

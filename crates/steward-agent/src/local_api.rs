@@ -29,7 +29,8 @@ pub const SOCKET: &str = "agent.sock";
 const SOCKET_MODE: u32 = 0o600;
 
 /// Serves the API on `path` until `stop` is cancelled; the socket file is
-/// removed when it ends.
+/// removed when it ends. It returns only once every connection has ended,
+/// so the store is no longer held by it (a new agent may open it at once).
 pub async fn serve(
     path: &Path,
     state: NodeStore,
@@ -37,9 +38,12 @@ pub async fn serve(
 ) -> Result<(), steward_nodeio::NodeIoError> {
     let (listener, _guard) = steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE))?;
     tracing::info!(path = %path.display(), "serving the local read API");
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let stream = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => break,
+            // Reap finished connections as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -49,22 +53,20 @@ pub async fn serve(
             },
         };
         let state = state.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, std::convert::Infallible>(respond(&req, &state)) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            tokio::select! {
-                () = stop.cancelled() => {}
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(error = %e, "local API connection ended with an error");
-                },
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "local API connection ended with an error");
             }
         });
     }
+    connections.shutdown().await;
+    Ok(())
 }
 
 fn respond<B>(req: &Request<B>, state: &NodeStore) -> Response<Full<Bytes>> {
