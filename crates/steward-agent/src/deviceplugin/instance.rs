@@ -96,9 +96,14 @@ impl ServedInstance {
         env
     }
 
-    /// Whether kubelet must be told again (re-registration): capacity or
-    /// the right to use the device changed.
+    /// Whether kubelet must be told again (re-registration): the right to
+    /// use the device came back. A capacity change is not one: kubelet takes
+    /// added and removed slots from ListAndWatch, and a re-registration
+    /// would end the old stream first, which kubelet answers by marking
+    /// every slot Unhealthy until the new plugin registers — a pod admitted
+    /// in that window failed with UnexpectedAdmissionError (seen under
+    /// load in `capacity_edit_resizes_the_instance_and_its_plugin_and_keeps_held_slots`).
     pub fn needs_reregistration(&self, newer: &ServedInstance) -> bool {
-        self.capacity != newer.capacity || (!self.usable && newer.usable)
+        !self.usable && newer.usable
     }
 }

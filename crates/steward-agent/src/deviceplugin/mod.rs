@@ -5,8 +5,9 @@
 //!   `steward.dev/<instance>` with its slots `<instance>-<n>` as device IDs,
 //!   on the socket `steward-<instance>.sock` in kubelet's plugin directory.
 //!   Plugins start and stop as Instances of this node appear and disappear
-//!   (an Instance watch); a change of capacity, or the device becoming
-//!   usable again, registers the plugin again.
+//!   (an Instance watch); a change of capacity reaches kubelet as a new
+//!   device list, the device becoming usable again registers the plugin
+//!   again.
 //! * `ListAndWatch` reports what this node may use now: a slot free or held
 //!   here is Healthy; held by another node, or its device gone, Unhealthy.
 //!   Every change is pushed at once; NUMA nodes come from the device
