@@ -2,9 +2,11 @@
 //! stand-in with the real controller and extender over HTTP.
 //!
 //! * `filter/<n> nodes`: the latency Filter adds per scheduling cycle for a
-//!   pod asking for a slot, with `n` candidate nodes, against the floor of
-//!   the same HTTP call for a pod steward does not manage (no Reservation,
-//!   no wait) — the ratio is the cost of awaiting the decision.
+//!   pod asking for a slot, with `n` candidate nodes: waiting for the
+//!   decision on the shared Reservation watch, against the baseline of
+//!   reading the object every 5 ms (the earlier protocol) in the same run,
+//!   and the floor of the same HTTP call for a pod steward does not manage
+//!   (no Reservation, no wait).
 //! * `race`: shared Instances, two "schedulers" (concurrent Filter + bind
 //!   loops, each with its own extender) and two controller replicas; every
 //!   pod is filtered until it gets a node or the round ends. Counts
@@ -142,37 +144,61 @@ async fn pod(api: &ApiServer, name: &str, resource: Option<&str>) -> Pod {
         .unwrap()
 }
 
-/// Filter latency with `nodes` candidates, against the unmanaged floor.
+/// Filter latency with `nodes` candidates for a managed pod, waiting on the
+/// shared Reservation watch and, as the baseline, reading the object every
+/// 5 ms (the protocol before the watch), interleaved pod by pod against one
+/// controller; and the floor, the same call for an unmanaged pod.
 async fn filter_latency(nodes: usize, pods: usize) {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
-    // One Instance seen by every node, with a slot per pod.
-    let s = stand(nodes, &[("cam".into(), pods as u32, names.clone())], 1).await;
-    let addr = s.extenders[0];
-    let mut managed = Vec::new();
-    let mut floor = Vec::new();
+    // One Instance seen by every node, with a slot per managed pod.
+    let s = stand(nodes, &[("cam".into(), 2 * pods as u32, names.clone())], 1).await;
+    let watching = s.extenders[0];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let polling = listener.local_addr().unwrap();
+    let baseline = ExtenderConfig {
+        shared_watch: false,
+        poll: Duration::from_millis(5),
+        ..ExtenderConfig::default()
+    };
+    tokio::spawn(server::serve(
+        listener,
+        Arc::new(Extender::new(s.api.client(), baseline)),
+        s.stop.clone(),
+    ));
+    let (mut watch, mut poll, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..pods {
-        let p = pod(&s.api, &format!("p{i}"), Some("steward.dev/cam")).await;
-        let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
-        let t = Instant::now();
-        let r = http(addr, "/filter", &body).await;
-        managed.push(t.elapsed());
-        assert_eq!(r["nodenames"].as_array().map(Vec::len), Some(1), "{r}");
+        for (addr, name, out) in [
+            (watching, format!("w{i}"), &mut watch),
+            (polling, format!("p{i}"), &mut poll),
+        ] {
+            let p = pod(&s.api, &name, Some("steward.dev/cam")).await;
+            let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
+            let t = Instant::now();
+            let r = http(addr, "/filter", &body).await;
+            out.push(t.elapsed());
+            assert_eq!(r["nodenames"].as_array().map(Vec::len), Some(1), "{r}");
+        }
         let q = pod(&s.api, &format!("q{i}"), None).await;
         let body = serde_json::to_vec(&json!({"pod": q, "nodenames": names})).unwrap();
         let t = Instant::now();
-        let _ = http(addr, "/filter", &body).await;
+        let _ = http(watching, "/filter", &body).await;
         floor.push(t.elapsed());
     }
-    managed.sort();
-    floor.sort();
-    let decided_per_s = pods as f64 / managed.iter().sum::<Duration>().as_secs_f64();
+    for v in [&mut watch, &mut poll, &mut floor] {
+        v.sort();
+    }
+    let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64().max(1e-9);
+    let decided_per_s = pods as f64 / watch.iter().sum::<Duration>().as_secs_f64();
     println!(
-        "filter/{nodes} nodes n={pods} managed p50={:.2?} p99={:.2?} floor (unmanaged pod) p50={:.2?} p99={:.2?} ratio p50={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
-        pct(&managed, 0.5),
-        pct(&managed, 0.99),
+        "filter/{nodes} nodes n={pods} shared watch p50={:.2?} p99={:.2?} | baseline 5 ms polling p50={:.2?} p99={:.2?} | floor (unmanaged pod) p50={:.2?} p99={:.2?} | watch/baseline p50={:.2}x, watch/floor p50={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
+        pct(&watch, 0.5),
+        pct(&watch, 0.99),
+        pct(&poll, 0.5),
+        pct(&poll, 0.99),
         pct(&floor, 0.5),
         pct(&floor, 0.99),
-        pct(&managed, 0.5).as_secs_f64() / pct(&floor, 0.5).as_secs_f64().max(1e-9),
+        p50(&watch) / p50(&poll),
+        p50(&watch) / p50(&floor),
     );
     s.stop.cancel();
 }

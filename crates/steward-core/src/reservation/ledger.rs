@@ -57,16 +57,31 @@ impl ReservationLedger {
         let Some(cap) = self.instances.get(instance) else {
             return Vec::new();
         };
+        // Other pods' reserved slots, gathered once: O(reservations +
+        // capacity), not their product (a rebuild restores every
+        // reservation, and each restore asks about its slots).
+        let reserved: BTreeSet<&str> = self
+            .reservations
+            .values()
+            .filter(|r| r.pod.uid != uid && r.holds())
+            .flat_map(|r| r.slots.iter().map(String::as_str))
+            .collect();
         (0..cap.capacity)
             .filter(|n| {
                 let id = slot_id(instance, *n);
-                self.claims.get(&id).is_none_or(|h| h == uid)
-                    && !self
-                        .reservations
-                        .values()
-                        .any(|r| r.pod.uid != uid && r.holds() && r.slots.contains(&id))
+                self.claims.get(&id).is_none_or(|h| h == uid) && !reserved.contains(id.as_str())
             })
             .collect()
+    }
+
+    /// Whether `slot` is unclaimed or claimed by `uid`, and reserved for no
+    /// other pod (one slot of [`Self::free_slots`], without listing them all).
+    fn slot_free_for(&self, slot: &str, uid: &str) -> bool {
+        self.claims.get(slot).is_none_or(|h| h == uid)
+            && !self
+                .reservations
+                .values()
+                .any(|r| r.pod.uid != uid && r.holds() && r.slots.contains(slot))
     }
 
     /// Whether `node` can hold `request` for pod `uid`: the slots it would
@@ -448,7 +463,7 @@ impl ReservationLedger {
         self.instances
             .get(instance)
             .is_some_and(|c| n < c.capacity && c.nodes.contains(node))
-            && self.free_slots(instance, uid).contains(&n)
+            && self.slot_free_for(&slot_id(instance, n), uid)
     }
 
     /// The request's slots on `node`, keeping those in `keep`.

@@ -5,7 +5,9 @@
 //! Filter creates (or renews) the pod's Reservation with the candidate nodes
 //! kube-scheduler passed, then waits — at most `decision_timeout` — until the
 //! controller has answered that spec (`status.observedGeneration` equals the
-//! object's generation). Reserved on node N: only N passes, every other
+//! object's generation). The wait is woken by one watch of every Reservation
+//! shared by all Filter calls (`seen.rs`), not by reading the object in a
+//! loop. Reserved on node N: only N passes, every other
 //! candidate fails with "reserved on N". Rejected: every candidate fails
 //! with its own reason (unresolvable where no preemption can help: the node
 //! does not see the device). Not decided in time: every candidate fails as
@@ -20,10 +22,12 @@
 //! reservation whose pod bound elsewhere, is gone, or did not consume it
 //! within the TTL.
 
+mod seen;
 pub mod server;
 pub mod wire;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -32,6 +36,9 @@ use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use steward_api::{PodRef, Reservation, ReservationSpec};
 use steward_core::reservation::reservation_name;
+use tokio_util::task::AbortOnDropHandle;
+
+use self::seen::Seen;
 
 pub use wire::{ExtenderArgs, ExtenderFilterResult, HostPriority, MAX_EXTENDER_PRIORITY};
 
@@ -43,15 +50,22 @@ pub const RESOURCE_PREFIX: &str = "steward.dev/";
 pub struct ExtenderConfig {
     /// Longest wait for the controller inside one Filter call.
     pub decision_timeout: Duration,
-    /// Between reads of the Reservation while waiting.
+    /// While waiting, how often the Reservation is also read from the API:
+    /// the shared watch wakes the wait when the decision arrives, this
+    /// only bounds the delay while that watch is re-established.
     pub poll: Duration,
+    /// Wait on the shared watch (default). `false`: only read the object
+    /// every `poll`, the protocol before the watch (kept as the benchmark's
+    /// baseline).
+    pub shared_watch: bool,
 }
 
 impl Default for ExtenderConfig {
     fn default() -> Self {
         Self {
             decision_timeout: Duration::from_secs(2),
-            poll: Duration::from_millis(5),
+            poll: Duration::from_millis(250),
+            shared_watch: true,
         }
     }
 }
@@ -61,6 +75,10 @@ impl Default for ExtenderConfig {
 pub struct Extender {
     client: kube::Client,
     cfg: ExtenderConfig,
+    /// Every Reservation, from one watch shared by all Filter calls.
+    seen: Arc<Seen>,
+    /// Stops that watch when the last clone is dropped (`None`: no watch).
+    _watch: Option<Arc<AbortOnDropHandle<()>>>,
 }
 
 /// Slots per Instance a pod asks for: the `steward.dev/<instance>` limits
@@ -116,8 +134,20 @@ pub enum FilterError {
 }
 
 impl Extender {
+    /// Starts the shared Reservation watch (on the current tokio runtime).
     pub fn new(client: kube::Client, cfg: ExtenderConfig) -> Self {
-        Self { client, cfg }
+        let (seen, watch) = if cfg.shared_watch {
+            let (seen, watch) = Seen::start(client.clone());
+            (seen, Some(Arc::new(watch)))
+        } else {
+            (Arc::new(Seen::empty()), None)
+        };
+        Self {
+            client,
+            cfg,
+            seen,
+            _watch: watch,
+        }
     }
 
     /// The filter verb.
@@ -151,14 +181,21 @@ impl Extender {
     pub async fn prioritize(&self, args: &ExtenderArgs) -> Vec<HostPriority> {
         let candidates = args.candidates();
         let reserved = match pod_identity(&args.pod) {
-            Some((ns, name, _)) => Api::<Reservation>::namespaced(self.client.clone(), &ns)
-                .get_opt(&reservation_name(&ns, &name))
-                .await
-                .ok()
-                .flatten()
-                .and_then(|r| r.status)
-                .filter(|s| s.phase == "Reserved")
-                .and_then(|s| s.node),
+            Some((ns, name, _)) => {
+                let rname = reservation_name(&ns, &name);
+                // Filter waited for the decision, so the watch has it.
+                let r = match self.seen.get(&ns, &rname) {
+                    Some(r) => Some(r),
+                    None => Api::<Reservation>::namespaced(self.client.clone(), &ns)
+                        .get_opt(&rname)
+                        .await
+                        .ok()
+                        .flatten(),
+                };
+                r.and_then(|r| r.status)
+                    .filter(|s| s.phase == "Reserved")
+                    .and_then(|s| s.node)
+            }
             None => None,
         };
         candidates
@@ -197,6 +234,8 @@ impl Extender {
             candidates: candidates.to_vec(),
             cancel: None,
         };
+        // Subscribed before anything is written: no decision is missed.
+        let mut changed = self.seen.subscribe();
         let mut current = api.get_opt(&rname).await?;
         if let Some(r) = &current {
             let phase = r.status.as_ref().map(|s| s.phase.as_str());
@@ -255,18 +294,35 @@ impl Extender {
                 Err(e) => return Err(e.into()),
             }
         }
+        let decided = |r: &Reservation| r.spec.pod.uid == uid && answered(r);
         let deadline = tokio::time::Instant::now() + self.cfg.decision_timeout;
+        let mut next_read = tokio::time::Instant::now() + self.cfg.poll;
         loop {
-            if let Some(r) = api.get_opt(&rname).await?
-                && r.spec.pod.uid == uid
-                && answered(&r)
-            {
+            if let Some(r) = self.seen.get(&ns, &rname).filter(|r| decided(r)) {
                 return Ok(Some(r));
             }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return Ok(None);
             }
-            tokio::time::sleep(self.cfg.poll).await;
+            if now >= next_read {
+                next_read = now + self.cfg.poll;
+                if let Some(r) = api.get_opt(&rname).await?.filter(|r| decided(r)) {
+                    return Ok(Some(r));
+                }
+                continue;
+            }
+            let wake = deadline.min(next_read);
+            tokio::select! {
+                woke = changed.changed() => {
+                    // The watch task is gone (never while `self` lives):
+                    // fall back to reading on the timer.
+                    if woke.is_err() {
+                        tokio::time::sleep_until(wake).await;
+                    }
+                }
+                () = tokio::time::sleep_until(wake) => {}
+            }
         }
     }
 }

@@ -1,0 +1,147 @@
+//! The extender's one shared watch of every Reservation. A Filter waiting
+//! for the controller's decision is woken by the watch event that carries
+//! it, instead of reading its object in a loop: the wait costs no API call,
+//! and the answer arrives as soon as the controller's write is seen.
+//!
+//! Objects are kept without `spec.candidates`. The picture may lag the API
+//! (a watch being re-established): callers use
+//! it to wait, never as proof that an object is absent; a Filter still reads
+//! the object now and then while it waits, so a stalled watch only slows it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::StreamExt;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use steward_api::Reservation;
+use steward_kube::{Change, follow};
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+
+type Key = (String, String);
+
+/// Every Reservation as last seen, and a counter bumped on each change.
+pub(crate) struct Seen {
+    objects: Mutex<HashMap<Key, Reservation>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Seen {
+    /// A picture no watch feeds: always empty, never changes.
+    pub(crate) fn empty() -> Self {
+        Self {
+            objects: Mutex::new(HashMap::new()),
+            changed: watch::Sender::new(0),
+        }
+    }
+
+    /// Starts following every Reservation; the watch stops when the
+    /// returned handle is dropped.
+    pub(crate) fn start(client: kube::Client) -> (Arc<Self>, AbortOnDropHandle<()>) {
+        let seen = Arc::new(Self::empty());
+        let task = tokio::spawn(follow_all(
+            Api::<Reservation>::all(client),
+            Arc::clone(&seen),
+        ));
+        (seen, AbortOnDropHandle::new(task))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Reservation>> {
+        // Plain values: a panic elsewhere leaves the map usable.
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reservation `namespace/name` as last seen.
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<Reservation> {
+        self.lock()
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Woken on every change seen after this call.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn apply(&self, change: Change<Reservation>) {
+        let key = |r: &Reservation| (r.namespace().unwrap_or_default(), r.name_any());
+        // A Filter waiting on the picture reads the pod, the generation and
+        // the status; the candidate list (one name per node, hundreds in a
+        // large cluster) would only be copied on every wake-up.
+        let slim = |mut r: Reservation| {
+            r.spec.candidates = Vec::new();
+            r
+        };
+        {
+            let mut objects = self.lock();
+            match change {
+                Change::Relisted(all) => {
+                    *objects = all.into_iter().map(|r| (key(&r), slim(r))).collect();
+                }
+                Change::Applied(r) => {
+                    objects.insert(key(&r), slim(r));
+                }
+                Change::Deleted(r) => {
+                    objects.remove(&key(&r));
+                }
+                Change::Interrupted(e) => {
+                    tracing::debug!(error = %e, "Reservation watch interrupted; resuming");
+                    return;
+                }
+            }
+        }
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+async fn follow_all(api: Api<Reservation>, seen: Arc<Seen>) {
+    let mut changes = follow(api, watcher::Config::default()).boxed();
+    while let Some(change) = changes.next().await {
+        seen.apply(change);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use steward_api::{PodRef, ReservationSpec};
+
+    use super::*;
+
+    fn reservation(ns: &str, name: &str) -> Reservation {
+        let mut r = Reservation::new(
+            name,
+            ReservationSpec {
+                pod: PodRef {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    uid: "u".into(),
+                },
+                slots: Default::default(),
+                exclusive_cpus: 0,
+                candidates: vec![],
+                cancel: None,
+            },
+        );
+        r.metadata.namespace = Some(ns.into());
+        r
+    }
+
+    #[test]
+    fn changes_update_the_picture_and_wake_waiters() {
+        let seen = Seen::empty();
+        let mut rx = seen.subscribe();
+        seen.apply(Change::Relisted(vec![reservation("a", "x")]));
+        assert!(rx.has_changed().unwrap_or(false));
+        rx.mark_unchanged();
+        assert!(seen.get("a", "x").is_some());
+        seen.apply(Change::Applied(reservation("b", "y")));
+        assert!(seen.get("b", "y").is_some());
+        seen.apply(Change::Deleted(reservation("a", "x")));
+        assert!(seen.get("a", "x").is_none());
+        assert!(rx.has_changed().unwrap_or(false));
+        // A relist replaces the picture: what it lacks is gone.
+        seen.apply(Change::Relisted(vec![]));
+        assert!(seen.get("b", "y").is_none());
+    }
+}
