@@ -61,6 +61,8 @@ pub(crate) struct Controller<S> {
     client_opts: ClientOptions,
     timings: AgentTimings,
     status: Option<StatusWriter>,
+    /// Standalone: where the read API finds the Configurations' status.
+    local: Option<crate::local_api::LocalView>,
     readiness: steward_nodeio::Readiness,
     start: Instant,
     tasks: BTreeMap<(HandlerKey, ConfigKey), (u64, AbortHandle)>,
@@ -84,6 +86,8 @@ pub(crate) struct ControllerParts<S> {
     pub client_opts: ClientOptions,
     pub timings: AgentTimings,
     pub status: Option<StatusWriter>,
+    /// Standalone: the Configurations' status for the read API.
+    pub local: Option<crate::local_api::LocalView>,
     /// `configurations` holds once the initial list has been applied.
     pub readiness: steward_nodeio::Readiness,
 }
@@ -131,6 +135,7 @@ impl<S: InstanceStore> Controller<S> {
             client_opts: p.client_opts,
             timings: p.timings,
             status: p.status,
+            local: p.local,
             readiness: p.readiness,
             start: Instant::now(),
             tasks: BTreeMap::new(),
@@ -292,6 +297,9 @@ impl<S: InstanceStore> Controller<S> {
                 self.reconcile(&key).await;
                 self.configs.remove(&key);
                 self.published.remove(&key);
+                if let Some(view) = &self.local {
+                    view.remove(&key.namespace, &key.name);
+                }
                 self.retry_reconcile.remove(&key);
                 self.metrics.set_instances(&key.to_string(), 0);
             }
@@ -634,6 +642,19 @@ impl<S: InstanceStore> Controller<S> {
 
     /// Write this node's contribution to the Configuration's status if it changed.
     async fn publish(&mut self, key: &ConfigKey) {
+        if let (Some(view), Some(mine), Some(cs)) =
+            (&self.local, self.contribution(key), self.configs.get(key))
+        {
+            let mut c = cs.snap.configuration.clone();
+            let generation = c.metadata.generation;
+            c.status = Some(crate::status::merged(
+                &Default::default(),
+                &self.node,
+                generation,
+                &mine,
+            ));
+            view.set(c);
+        }
         let Some(writer) = self.status.clone() else {
             return;
         };

@@ -92,6 +92,7 @@ pub async fn run(
     // Standalone: the read API holds the store; awaited at the end so the
     // store is free when `run` returns.
     let mut local_api = None;
+    let local_view = local_api::LocalView::default();
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
             let (events, events_task) = events::EventSink::start(client.clone(), &cfg.node_name);
@@ -123,9 +124,9 @@ pub async fn run(
         } => {
             drop(node_tx);
             let socket = cfg.state_dir.join(local_api::SOCKET);
-            let (reader, until) = (state.clone(), stop.clone());
+            let (reader, view, until) = (state.clone(), local_view.clone(), stop.clone());
             local_api = Some(AbortOnDropHandle::new(tokio::spawn(async move {
-                if let Err(e) = local_api::serve(&socket, reader, until).await {
+                if let Err(e) = local_api::serve(&socket, reader, view, until).await {
                     tracing::error!(error = %e, "the local read API could not start");
                 }
             })));
@@ -153,14 +154,15 @@ pub async fn run(
     let (result, server) = match kube_store {
         Some(store) => {
             drive(
-                &cfg, store, registry, state, metrics, status, inputs, shutdown, server,
+                &cfg, store, registry, state, metrics, status, None, inputs, shutdown, server,
             )
             .await
         }
         None => {
             let store = LocalInstanceStore::new(state.clone());
+            let view = Some(local_view.clone());
             drive(
-                &cfg, store, registry, state, metrics, status, inputs, shutdown, server,
+                &cfg, store, registry, state, metrics, status, view, inputs, shutdown, server,
             )
             .await
         }
@@ -238,6 +240,7 @@ async fn drive<S: InstanceStore>(
     state: NodeStore,
     metrics: AgentMetrics,
     status: Option<status::StatusWriter>,
+    local: Option<local_api::LocalView>,
     inputs: Inputs,
     shutdown: impl Future<Output = ()> + Send + 'static,
     mut server: ServerHandle,
@@ -252,6 +255,7 @@ async fn drive<S: InstanceStore>(
         client_opts: cfg.client.clone(),
         timings: cfg.timings,
         status,
+        local,
         readiness: cfg.readiness.clone(),
     });
     if let Err(e) = controller.restore().await {

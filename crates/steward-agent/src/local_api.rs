@@ -7,11 +7,17 @@
 //!
 //! - `GET /instances`: a Kubernetes-style `List` of the Instances in the
 //!   store, as the custom resources look in a cluster.
+//! - `GET /configurations`: the Configurations applied, each with the
+//!   status this node would write in a cluster (its handlers and their
+//!   state, `DetailsValid`, `Discovering`), kept by the discovery loop in a
+//!   [`LocalView`]; it exists only while the agent runs.
 //!
 //! Anything else answers 404 (405 for another method) with a one-line
 //! reason. Read-only: nothing here writes the store.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -19,6 +25,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use steward_nodeio::BindOptions;
 use tokio_util::sync::CancellationToken;
+
+use steward_api::Configuration;
 
 use crate::NodeStore;
 
@@ -28,12 +36,48 @@ pub const SOCKET: &str = "agent.sock";
 /// Owner only: the Instances name host devices.
 const SOCKET_MODE: u32 = 0o600;
 
+/// The Configurations the standalone agent applied, with their status as
+/// this node sees it; written by the discovery loop, read by the API.
+#[derive(Clone, Debug, Default)]
+pub struct LocalView {
+    configurations: Arc<Mutex<BTreeMap<(String, String), Configuration>>>,
+}
+
+impl LocalView {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<(String, String), Configuration>> {
+        // Plain values: a panic elsewhere leaves the map usable.
+        self.configurations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A Configuration (with its status) applied or changed.
+    pub(crate) fn set(&self, c: Configuration) {
+        let key = (
+            c.metadata.namespace.clone().unwrap_or_default(),
+            c.metadata.name.clone().unwrap_or_default(),
+        );
+        self.lock().insert(key, c);
+    }
+
+    /// A Configuration removed.
+    pub(crate) fn remove(&self, namespace: &str, name: &str) {
+        self.lock().remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// Every Configuration, by namespace and name.
+    pub fn list(&self) -> Vec<Configuration> {
+        self.lock().values().cloned().collect()
+    }
+}
+
 /// Serves the API on `path` until `stop` is cancelled; the socket file is
 /// removed when it ends. It returns only once every connection has ended,
 /// so the store is no longer held by it (a new agent may open it at once).
 pub async fn serve(
     path: &Path,
     state: NodeStore,
+    view: LocalView,
     stop: CancellationToken,
 ) -> Result<(), steward_nodeio::NodeIoError> {
     let (listener, _guard) = steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE))?;
@@ -52,11 +96,11 @@ pub async fn serve(
                 }
             },
         };
-        let state = state.clone();
+        let (state, view) = (state.clone(), view.clone());
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&req, &state)) }
+                let (state, view) = (state.clone(), view.clone());
+                async move { Ok::<_, std::convert::Infallible>(respond(&req, &state, &view)) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
@@ -69,12 +113,20 @@ pub async fn serve(
     Ok(())
 }
 
-fn respond<B>(req: &Request<B>, state: &NodeStore) -> Response<Full<Bytes>> {
-    if req.uri().path() != "/instances" {
-        return error(StatusCode::NOT_FOUND, "no such resource; GET /instances");
+fn respond<B>(req: &Request<B>, state: &NodeStore, view: &LocalView) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if path != "/instances" && path != "/configurations" {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no such resource; GET /instances or /configurations",
+        );
     }
     if req.method() != Method::GET {
-        return error(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET /instances");
+        return error(StatusCode::METHOD_NOT_ALLOWED, "read-only: use GET");
+    }
+    if path == "/configurations" {
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": view.list()});
+        return reply(StatusCode::OK, list.to_string());
     }
     match state.instances() {
         Ok(mut items) => {
@@ -130,7 +182,7 @@ mod tests {
         let stop = CancellationToken::new();
         let server = tokio::spawn({
             let (socket, stop) = (socket.clone(), stop.clone());
-            async move { serve(&socket, store, stop).await }
+            async move { serve(&socket, store, LocalView::default(), stop).await }
         });
         while !socket.exists() {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -140,6 +192,11 @@ mod tests {
         assert!(
             ok.ends_with(r#"{"apiVersion":"v1","items":[],"kind":"List"}"#),
             "{ok}"
+        );
+        let configs = http(&socket, "GET /configurations HTTP/1.0\r\n\r\n").await;
+        assert!(
+            configs.ends_with(r#"{"apiVersion":"v1","items":[],"kind":"List"}"#),
+            "{configs}"
         );
         let missing = http(&socket, "GET /pods HTTP/1.0\r\n\r\n").await;
         assert!(missing.starts_with("HTTP/1.0 404"), "{missing}");

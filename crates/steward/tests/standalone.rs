@@ -198,6 +198,26 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     let items = list["items"].as_sequence().map(Vec::len);
     ensure!(items == Some(4), "{json}");
     ensure!(state.join("agent.sock").exists());
+    // The handler serving the Configuration, as `get handlers` shows it in
+    // a cluster (only a running agent knows handler states).
+    let handlers = steward_out(&["get", "handlers", "--state-dir"], &state)?;
+    let rows: Vec<Vec<&str>> = handlers
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    ensure!(
+        rows == [
+            vec!["NAMESPACE", "CONFIGURATION", "NODE", "HANDLER", "STATE"],
+            vec![
+                "default",
+                "debug-echo",
+                "local-node",
+                "debug-echo",
+                "Active"
+            ],
+        ],
+        "{handlers}"
+    );
     // Not a cluster flag at the same time.
     let both = Command::new(STEWARD)
         .args(["get", "instances", "-A", "--state-dir"])
@@ -215,6 +235,16 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     // Stopped: the same Instances, read from the store.
     let stopped = steward_out(&["get", "instances", "--state-dir"], &state)?;
     ensure!(stopped.lines().count() == 5, "{stopped}");
+    // Handler states died with the agent: one clear line, non-zero.
+    let gone = Command::new(STEWARD)
+        .args(["get", "handlers", "--state-dir"])
+        .arg(&state)
+        .output()?;
+    let err = String::from_utf8_lossy(&gone.stderr);
+    ensure!(
+        !gone.status.success() && err.contains("no standalone agent runs"),
+        "{err}"
+    );
 
     // --log-format json: every line a JSON object a log collector can read.
     let logged = std::fs::read_to_string(&log)?;

@@ -1,6 +1,7 @@
 //! `steward get handlers`: the discovery handlers serving each
 //! Configuration, one row per node and handler endpoint, from the
-//! Configurations' status (each agent writes its node's entries).
+//! Configurations' status (each agent writes its node's entries), or with
+//! `--state-dir` from a running standalone agent.
 
 use serde::Serialize;
 use steward_api::Configuration;
@@ -13,6 +14,10 @@ use super::output::table;
 pub struct GetArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
+    /// Read a running standalone agent instead of a cluster: its state
+    /// directory (its read API there).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "context", "all_namespaces", "namespace"])]
+    state_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     scope: ScopeArgs,
     /// Output format.
@@ -104,6 +109,22 @@ pub fn render(rows: &[HandlerRow], all_namespaces: bool, wide: bool) -> String {
 }
 
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.state_dir {
+        let configs = super::local::configurations(dir, args.cluster.request_timeout).await?;
+        let rows = rows(&configs);
+        let text = match args.output {
+            Format::Table | Format::Wide => {
+                if rows.is_empty() {
+                    eprintln!("No resources found in {}.", dir.display());
+                    return Ok(());
+                }
+                render(&rows, true, args.output == Format::Wide)
+            }
+            Format::Json | Format::Yaml => structured(&rows, args.output == Format::Json)?,
+        };
+        print!("{text}");
+        return Ok(());
+    }
     let cluster = Cluster::connect(&args.cluster).await?;
     let configs: Vec<Configuration> = cluster.list(&args.scope).await?;
     let rows = rows(&configs);

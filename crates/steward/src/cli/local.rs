@@ -1,7 +1,8 @@
-//! A standalone agent's Instances, for `steward get instances --state-dir`
-//! and `steward instances`: from the running agent's read API
-//! (`<state-dir>/agent.sock`), or, when no agent runs, from its embedded
-//! store directly (one process may open the store: the running agent's).
+//! A standalone agent's Instances and Configurations, for `steward get
+//! instances|handlers --state-dir` and `steward instances`: from the
+//! running agent's read API (`<state-dir>/agent.sock`), or, for Instances
+//! when no agent runs, from its embedded store directly (one process may
+//! open the store: the running agent's).
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use steward_agent::NodeStore;
 use steward_agent::StateError;
 use steward_agent::local_api::SOCKET;
-use steward_api::Instance;
+use steward_api::{Configuration, Instance};
 
 /// Where the Instances were read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +26,42 @@ pub enum Source {
 }
 
 #[derive(Deserialize)]
-struct ListOf {
-    items: Vec<Instance>,
+struct ListOf<T> {
+    items: Vec<T>,
+}
+
+/// The running standalone agent's Configurations in `state_dir`, each with
+/// the status it would write in a cluster (its handlers and their state).
+/// Only a running agent knows them: its store keeps no handler states.
+pub async fn configurations(
+    state_dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Configuration>> {
+    let socket = state_dir.join(SOCKET);
+    let stream = match tokio::net::UnixStream::connect(&socket).await {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            bail!(
+                "no standalone agent runs with state in {} ({} is not served); handler states exist only while it runs",
+                state_dir.display(),
+                socket.display()
+            );
+        }
+        Err(e) => return Err(e).with_context(|| format!("connecting to {}", socket.display())),
+    };
+    tokio::time::timeout(timeout, ask(stream, "/configurations"))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the agent at {} did not answer within {timeout:?}",
+                socket.display()
+            )
+        })?
 }
 
 /// The standalone agent's Instances in `state_dir`, sorted by namespace and
@@ -38,7 +73,7 @@ pub async fn instances(
     let socket = state_dir.join(SOCKET);
     match tokio::net::UnixStream::connect(&socket).await {
         Ok(stream) => {
-            let items = tokio::time::timeout(timeout, ask(stream))
+            let items = tokio::time::timeout(timeout, ask(stream, "/instances"))
                 .await
                 .map_err(|_| {
                     anyhow::anyhow!(
@@ -88,21 +123,24 @@ pub async fn instances(
     }
 }
 
-/// `GET /instances` on a connected socket.
-async fn ask(stream: tokio::net::UnixStream) -> anyhow::Result<Vec<Instance>> {
+/// `GET path` on a connected socket: the items of the List it answers.
+async fn ask<T: serde::de::DeserializeOwned>(
+    stream: tokio::net::UnixStream,
+    path: &str,
+) -> anyhow::Result<Vec<T>> {
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .context("talking to the agent")?;
     let conn = tokio::spawn(conn);
-    let req = hyper::Request::get("/instances")
+    let req = hyper::Request::get(path)
         .header(hyper::header::HOST, "agent")
         .body(Empty::<Bytes>::new())
         .context("building the request")?;
     let resp = sender
         .send_request(req)
         .await
-        .context("asking the agent for its Instances")?;
+        .with_context(|| format!("asking the agent for {path}"))?;
     let status = resp.status();
     let body = resp
         .into_body()
@@ -118,7 +156,7 @@ async fn ask(stream: tokio::net::UnixStream) -> anyhow::Result<Vec<Instance>> {
             .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
         bail!("the agent answered {status}: {why}");
     }
-    let list: ListOf =
-        serde_json::from_slice(&body).context("the agent's answer is not a list of Instances")?;
+    let list: ListOf<T> = serde_json::from_slice(&body)
+        .with_context(|| format!("the agent's answer to {path} is not the list it should be"))?;
     Ok(list.items)
 }
