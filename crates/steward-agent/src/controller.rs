@@ -642,9 +642,10 @@ impl<S: InstanceStore> Controller<S> {
 
     /// Write this node's contribution to the Configuration's status if it changed.
     async fn publish(&mut self, key: &ConfigKey) {
-        if let (Some(view), Some(mine), Some(cs)) =
-            (&self.local, self.contribution(key), self.configs.get(key))
-        {
+        let Some(mine) = self.contribution(key) else {
+            return;
+        };
+        if let (Some(view), Some(cs)) = (&self.local, self.configs.get(key)) {
             let mut c = cs.snap.configuration.clone();
             let generation = c.metadata.generation;
             c.status = Some(crate::status::merged(
@@ -656,9 +657,6 @@ impl<S: InstanceStore> Controller<S> {
             view.set(c);
         }
         let Some(writer) = self.status.clone() else {
-            return;
-        };
-        let Some(mine) = self.contribution(key) else {
             return;
         };
         if self.published.get(key) == Some(&mine) {

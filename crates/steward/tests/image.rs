@@ -12,7 +12,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_pod, exec_sync};
+use steward_testing_containerd::{
+    ContainerSpec, Containerd, PodNetwork, cleanup_pod, exec_sync, run_pod_with_container,
+};
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
 
@@ -88,10 +90,7 @@ async fn the_image_runs_the_agent_and_every_subcommand_in_containerd() {
     let (mut rt, _) = ctrd.client().await.unwrap();
     let sandbox = ctrd.pod_config("image", PodNetwork::Host);
     // No command: the image's entrypoint (steward) with these arguments.
-    let spec = ContainerSpec::new("agent").image(&name);
-    let mut config = spec.build(&sandbox);
-    config.command.clear();
-    config.args = [
+    let spec = ContainerSpec::new("agent").image(&name).entrypoint_args([
         "agent",
         "--standalone",
         "--configurations",
@@ -100,33 +99,10 @@ async fn the_image_runs_the_agent_and_every_subcommand_in_containerd() {
         "image-test",
         "--embedded",
         "debug-echo",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let sandbox_id = rt
-        .run_pod_sandbox(steward_proto::cri::runtime::v1::RunPodSandboxRequest {
-            config: Some(sandbox.clone()),
-            runtime_handler: String::new(),
-        })
+    ]);
+    let (sandbox_id, container) = run_pod_with_container(&mut rt, &sandbox, &spec)
         .await
-        .unwrap()
-        .into_inner()
-        .pod_sandbox_id;
-    let container = rt
-        .create_container(steward_proto::cri::runtime::v1::CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.clone(),
-            config: Some(config),
-            sandbox_config: Some(sandbox.clone()),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .container_id;
-    rt.start_container(steward_proto::cri::runtime::v1::StartContainerRequest {
-        container_id: container.clone(),
-    })
-    .await
-    .unwrap();
+        .unwrap();
 
     // The agent in the container serves its read API once it is up.
     let started = Instant::now();

@@ -485,6 +485,7 @@ pub struct ContainerSpec {
     name: String,
     image: String,
     command: Vec<String>,
+    args: Vec<String>,
     cpuset_cpus: Option<String>,
     memory_limit_bytes: Option<i64>,
 }
@@ -496,6 +497,7 @@ impl ContainerSpec {
             name: name.into(),
             image: BUSYBOX_IMAGE.to_owned(),
             command: vec!["sleep".to_owned(), "3600".to_owned()],
+            args: Vec::new(),
             cpuset_cpus: None,
             memory_limit_bytes: None,
         }
@@ -508,6 +510,17 @@ impl ContainerSpec {
         S: Into<String>,
     {
         self.command = command.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Run the image's own entrypoint with `args` (no command override).
+    pub fn entrypoint_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.command.clear();
+        self.args = args.into_iter().map(Into::into).collect();
         self
     }
 
@@ -555,6 +568,7 @@ impl ContainerSpec {
                 ..Default::default()
             }),
             command: self.command.clone(),
+            args: self.args.clone(),
             linux: Some(cri::LinuxContainerConfig {
                 resources: Some(self.resources()),
                 security_context: Some(cri::LinuxContainerSecurityContext {

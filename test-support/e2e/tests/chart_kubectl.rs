@@ -7,15 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
 
 use serde_yaml_ng::Value;
+use steward_e2e::chart::{NAMESPACE, documents, template};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kubectl::Kubectl;
-
-const RELEASE: &str = "t";
-const NAMESPACE: &str = "steward-system";
 
 /// Value sets applied: default, the CRI proxy, the reservation controller
 /// and extender, handlers as their own DaemonSets, no RBAC, and the agent
@@ -37,48 +33,9 @@ const VALUE_SETS: &[&[&str]] = &[
     ],
 ];
 
-/// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
-fn helm() -> PathBuf {
-    std::env::var_os("STEWARD_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("helm"))
-}
-
-fn chart_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
-}
-
 /// `helm template --include-crds` of the chart with `sets`: the text.
 fn render(sets: &[&str]) -> String {
-    let mut cmd = Command::new(helm());
-    cmd.args(["template", RELEASE]).arg(chart_dir()).args([
-        "--namespace",
-        NAMESPACE,
-        "--include-crds",
-    ]);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
-            helm().display()
-        )
-    });
-    assert!(
-        out.status.success(),
-        "helm template {sets:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn documents(text: &str) -> Vec<Value> {
-    use k8s_openapi::serde::Deserialize as _;
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
+    template(sets, true)
 }
 
 /// kubectl's `-o name` of an object: `daemonset.apps/NAME`, `serviceaccount/NAME`.

@@ -7,15 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::serde::Deserialize as _;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_yaml_ng::Value;
@@ -24,6 +21,7 @@ use steward_agent::{AgentConfig, AgentTimings, Mode};
 use steward_api::{
     Configuration, ConfigurationSpec, Instance, Reservation, ReservationSpec, SlotClaim,
 };
+use steward_e2e::chart::{NAMESPACE, RELEASE, documents, template};
 use steward_proto::cri::runtime::v1 as cri;
 use steward_reservations::ControllerConfig;
 use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig};
@@ -34,45 +32,10 @@ use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
-const RELEASE: &str = "t";
-const NAMESPACE: &str = "steward-system";
-
-/// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
-fn helm() -> PathBuf {
-    std::env::var_os("STEWARD_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("helm"))
-}
-
-fn chart_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
-}
 
 /// `helm template` of the chart with `sets`, as YAML documents.
 fn render(sets: &[&str]) -> Vec<Value> {
-    let mut cmd = Command::new(helm());
-    cmd.args(["template", RELEASE])
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE]);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
-            helm().display()
-        )
-    });
-    assert!(
-        out.status.success(),
-        "helm template failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
+    documents(&template(sets, false))
 }
 
 #[derive(Debug)]

@@ -54,14 +54,7 @@ pub async fn configurations(
         }
         Err(e) => return Err(e).with_context(|| format!("connecting to {}", socket.display())),
     };
-    tokio::time::timeout(timeout, ask(stream, "/configurations"))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the agent at {} did not answer within {timeout:?}",
-                socket.display()
-            )
-        })?
+    ask_within(stream, "/configurations", &socket, timeout).await
 }
 
 /// The standalone agent's Instances in `state_dir`, sorted by namespace and
@@ -73,14 +66,7 @@ pub async fn instances(
     let socket = state_dir.join(SOCKET);
     match tokio::net::UnixStream::connect(&socket).await {
         Ok(stream) => {
-            let items = tokio::time::timeout(timeout, ask(stream, "/instances"))
-                .await
-                .map_err(|_| {
-                    anyhow::anyhow!(
-                        "the agent at {} did not answer within {timeout:?}",
-                        socket.display()
-                    )
-                })??;
+            let items = ask_within(stream, "/instances", &socket, timeout).await?;
             Ok((items, Source::Agent))
         }
         // No socket, or a stale one: no agent runs here. Its store says
@@ -121,6 +107,23 @@ pub async fn instances(
         }
         Err(e) => Err(e).with_context(|| format!("connecting to {}", socket.display())),
     }
+}
+
+/// [`ask`], bounded by `timeout`.
+async fn ask_within<T: serde::de::DeserializeOwned>(
+    stream: tokio::net::UnixStream,
+    path: &str,
+    socket: &Path,
+    timeout: Duration,
+) -> anyhow::Result<Vec<T>> {
+    tokio::time::timeout(timeout, ask(stream, path))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the agent at {} did not answer within {timeout:?}",
+                socket.display()
+            )
+        })?
 }
 
 /// `GET path` on a connected socket: the items of the List it answers.
