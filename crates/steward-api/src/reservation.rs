@@ -50,6 +50,13 @@ pub const RESERVATION_SHORT_NAME: &str = "srsv";
         description = "node chosen"
     ),
     printcolumn(
+        name = "NUMA",
+        type_ = "integer",
+        json_path = ".status.numaNode",
+        priority = 1,
+        description = "NUMA node of the chosen node the exclusive CPUs are held on"
+    ),
+    printcolumn(
         name = "Reason",
         type_ = "string",
         json_path = ".status.reason",
@@ -70,8 +77,9 @@ pub struct ReservationSpec {
     /// requests, every container combined.
     #[x_kube(validation = kube::core::Rule::new("self.all(k, self[k] >= 1 && self[k] <= 1024)").message("each Instance asks for 1 to 1024 slots"))]
     pub slots: BTreeMap<String, u32>,
-    /// Exclusive CPUs wanted on one NUMA node (decided on the node by the
-    /// CRI resource manager).
+    /// Exclusive CPUs wanted on one NUMA node: counted by the controller
+    /// against what the node's CRI resource manager publishes, which CPUs
+    /// exactly is the node's decision.
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(max = 1024))]
     pub exclusive_cpus: u32,
@@ -100,6 +108,14 @@ pub struct ReservationStatus {
     /// The slots held for the pod (`Reserved`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<String>,
+    /// Exclusive CPUs held for the pod (`Reserved`), on `numaNode`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 1024))]
+    pub cpus: u32,
+    /// The NUMA node of `node` holding `cpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 4096))]
+    pub numa_node: Option<u32>,
     /// Why it was rejected or canceled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -139,6 +155,8 @@ impl ReservationStatus {
             phase: phase_name(r.phase).to_owned(),
             node: r.node.clone(),
             slots: r.slots.iter().cloned().collect(),
+            cpus: if r.numa.is_some() { r.cpus } else { 0 },
+            numa_node: r.numa,
             reason: r.reason.clone(),
             decided_at: r.decided_at.map(|Millis(m)| m),
             observed_generation: generation,

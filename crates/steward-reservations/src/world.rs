@@ -15,7 +15,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use steward_api::{Instance, Reservation, ReservationStatus, SlotClaim};
 use steward_core::Millis;
-use steward_core::reservation::{self as core, Change, InstanceCapacity, Phase, ReservationLedger};
+use steward_core::reservation::{
+    self as core, Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, Phase,
+    ReservationLedger,
+};
 use steward_kube::Change as Watch;
 
 /// A pod as the controller needs it.
@@ -23,6 +26,37 @@ use steward_kube::Change as Watch;
 pub struct PodFacts {
     /// `spec.nodeName`, once bound.
     pub node: Option<String>,
+    /// Why it will never use a reservation (ended, refused by its node,
+    /// being deleted); `None` while it may.
+    pub ended: Option<String>,
+}
+
+impl PodFacts {
+    fn of(p: &Pod) -> Self {
+        let status = p.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref());
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let ended = if p.metadata.deletion_timestamp.is_some() {
+            Some("the pod is gone (being deleted)".to_owned())
+        } else if matches!(phase, Some("Succeeded" | "Failed")) {
+            // kubelet's admission failures (a device plugin's Allocate or
+            // the resource manager refusing) end the pod Failed with the
+            // reason, e.g. UnexpectedAdmissionError.
+            let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("");
+            let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
+            Some(match (phase, reason) {
+                (Some("Failed"), r) if !r.is_empty() => format!(
+                    "allocation failed on {}: {r}: {message}",
+                    node.as_deref().unwrap_or("its node")
+                ),
+                (Some(ph), _) => format!("the pod ended ({ph})"),
+                (None, _) => "the pod ended".to_owned(),
+            })
+        } else {
+            None
+        };
+        PodFacts { node, ended }
+    }
 }
 
 /// Every object the decisions depend on, as last seen.
@@ -36,6 +70,8 @@ pub struct World {
     reservations: BTreeMap<(String, String), Reservation>,
     pods: BTreeMap<String, PodFacts>,
     nodes: BTreeSet<String>,
+    /// node → the exclusive CPUs its resource manager publishes.
+    node_cpus: BTreeMap<String, NodeCpus>,
     /// Which kinds have been listed at least once: nothing is decided
     /// before all have (a pod not yet seen is not a pod that is gone).
     listed: BTreeSet<&'static str>,
@@ -139,33 +175,17 @@ impl World {
     }
 
     pub fn pods(&mut self, change: Watch<Pod>) {
-        let facts = |p: &Pod| PodFacts {
-            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        };
-        // A pod that ended or is being deleted will never use a reservation.
-        let terminal = |p: &Pod| {
-            p.metadata.deletion_timestamp.is_some()
-                || p.status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
-        };
         match change {
             Watch::Relisted(all) => {
                 self.pods = all
                     .iter()
-                    .filter(|p| !terminal(p))
-                    .filter_map(|p| Some((p.metadata.uid.clone()?, facts(p))))
+                    .filter_map(|p| Some((p.metadata.uid.clone()?, PodFacts::of(p))))
                     .collect();
                 self.listed.insert("pods");
             }
             Watch::Applied(p) => {
                 if let Some(uid) = p.metadata.uid.clone() {
-                    if terminal(&p) {
-                        self.pods.remove(&uid);
-                    } else {
-                        self.pods.insert(uid, facts(&p));
-                    }
+                    self.pods.insert(uid, PodFacts::of(&p));
                 }
             }
             Watch::Deleted(p) => {
@@ -180,17 +200,43 @@ impl World {
     pub fn nodes(&mut self, change: Watch<Node>) {
         match change {
             Watch::Relisted(all) => {
-                self.nodes = all.iter().map(ResourceExt::name_any).collect();
+                self.nodes.clear();
+                self.node_cpus.clear();
+                for n in &all {
+                    self.node_applied(n);
+                }
                 self.listed.insert("nodes");
             }
-            Watch::Applied(n) => {
-                self.nodes.insert(n.name_any());
-            }
+            Watch::Applied(n) => self.node_applied(&n),
             Watch::Deleted(n) => {
                 self.nodes.remove(&n.name_any());
+                self.node_cpus.remove(&n.name_any());
             }
             Watch::Interrupted(_) => {}
         }
+    }
+
+    fn node_applied(&mut self, n: &Node) {
+        let name = n.name_any();
+        // A document that does not parse counts as none: CPUs are not
+        // reserved on a node whose capacity cannot be read.
+        match n
+            .annotations()
+            .get(NODE_CPUS_ANNOTATION)
+            .map(|a| serde_json::from_str::<NodeCpus>(a))
+        {
+            Some(Ok(c)) => {
+                self.node_cpus.insert(name.clone(), c);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(node = %name, error = %e, "unreadable {NODE_CPUS_ANNOTATION} annotation; no exclusive CPUs reserved there");
+                self.node_cpus.remove(&name);
+            }
+            None => {
+                self.node_cpus.remove(&name);
+            }
+        }
+        self.nodes.insert(name);
     }
 
     /// The statuses to write at `now` (milliseconds of the wall clock),
@@ -206,6 +252,9 @@ impl World {
             cap.nodes.retain(|n| self.nodes.contains(n));
             ledger.set_instance(name, cap);
         }
+        for (node, cpus) in &self.node_cpus {
+            ledger.set_node_cpus(node, Some(cpus.clone()));
+        }
         // What earlier decisions persisted.
         for r in self.reservations.values() {
             if let Some(s) = &r.status {
@@ -217,6 +266,7 @@ impl World {
                     rec.phase = Phase::Canceled;
                     rec.node = None;
                     rec.slots.clear();
+                    rec.numa = None;
                     rec.reason = Some(format!("node {node} is gone"));
                 }
                 ledger.restore(rec);
@@ -224,11 +274,14 @@ impl World {
         }
         // Reality: claims win over reservations of other pods.
         let mut consumed = BTreeSet::new();
+        let mut changes = Vec::new();
         for (slot, uid) in &self.claims {
-            for c in ledger.claim_observed(slot, uid) {
-                if let Change::Consumed { uid } = c {
-                    consumed.insert(uid);
-                }
+            changes.extend(ledger.claim_observed(slot, uid));
+        }
+        changes.extend(ledger.settle());
+        for c in changes {
+            if let Change::Consumed { uid } = c {
+                consumed.insert(uid);
             }
         }
         let by_uid: BTreeMap<&str, &Reservation> = self
@@ -249,13 +302,23 @@ impl World {
                 ledger.cancel(uid, "the pod is gone");
                 continue;
             };
+            if let Some(why) = &pod.ended {
+                ledger.cancel(uid, why);
+                continue;
+            }
             if let Some(reason) = &r.spec.cancel {
                 ledger.cancel(uid, &format!("unreserved: {reason}"));
                 continue;
             }
             if !answered {
                 let candidates: Vec<String> = r.spec.candidates.clone();
-                let asked = ledger.request(r.spec.pod_ref(), r.spec.slots.clone(), candidates, now);
+                let asked = ledger.request_with_cpus(
+                    r.spec.pod_ref(),
+                    r.spec.slots.clone(),
+                    r.spec.exclusive_cpus,
+                    candidates,
+                    now,
+                );
                 if asked.is_err() && ledger.reservation(uid).is_none() {
                     continue;
                 }
@@ -273,7 +336,7 @@ impl World {
             let generation = r.metadata.generation;
             let wanted = if consumed.contains(uid) {
                 r.status.clone().map(|mut s| {
-                    s.reason = Some("consumed: the pod's own claims hold its slots".into());
+                    s.reason = Some("consumed: the pod holds what was reserved for it".into());
                     s.observed_generation = generation;
                     s
                 })
@@ -301,8 +364,8 @@ impl World {
     /// The status of a Reservation the ledger refused (no slot asked, no
     /// candidate): Rejected with the reason, so it is not left Requested.
     fn invalid(&self, r: &Reservation, generation: Option<i64>) -> Option<ReservationStatus> {
-        let reason = if r.spec.slots.values().all(|n| *n == 0) {
-            "the reservation asks for no slot"
+        let reason = if r.spec.slots.values().all(|n| *n == 0) && r.spec.exclusive_cpus == 0 {
+            "the reservation asks for no slot and no exclusive CPU"
         } else if r.spec.candidates.is_empty() {
             "the reservation names no candidate node"
         } else {
@@ -332,6 +395,8 @@ fn recorded(r: &Reservation, s: &ReservationStatus) -> core::Reservation {
         phase,
         node: s.node.clone(),
         slots: s.slot_set(),
+        cpus: r.spec.exclusive_cpus,
+        numa: s.numa_node,
         reason: s.reason.clone(),
         requested_at: Millis(s.decided_at.unwrap_or(0)),
         decided_at: s.decided_at.map(Millis),

@@ -111,6 +111,17 @@ async fn pod_with_reservation(
     slots: &[(&str, u32)],
     nodes: &[&str],
 ) -> String {
+    pod_with_cpu_reservation(api, name, slots, 0, nodes).await
+}
+
+/// [`pod_with_reservation`] asking for `cpus` exclusive CPUs as well.
+async fn pod_with_cpu_reservation(
+    api: &ApiServer,
+    name: &str,
+    slots: &[(&str, u32)],
+    cpus: u32,
+    nodes: &[&str],
+) -> String {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
@@ -128,7 +139,7 @@ async fn pod_with_reservation(
             uid: uid.clone(),
         },
         slots: slots.iter().map(|(i, n)| (i.to_string(), *n)).collect(),
-        exclusive_cpus: 0,
+        exclusive_cpus: cpus,
         candidates: nodes.iter().map(|n| n.to_string()).collect(),
         cancel: None,
     };
@@ -378,4 +389,151 @@ async fn a_second_replica_decides_only_when_leading_and_keeps_what_was_decided()
     );
     second.stop().await;
     drop(first);
+}
+
+/// What a node's CRI resource manager publishes: free exclusive CPUs per
+/// NUMA node and the pods holding some.
+async fn publish_cpus(api: &ApiServer, node: &str, free: &[(u32, u32)], holders: &[&str]) {
+    let doc = steward_core::reservation::NodeCpus {
+        free: free.iter().copied().collect(),
+        holders: holders.iter().map(|h| h.to_string()).collect(),
+    };
+    let patch = json!({"metadata": {"annotations": {
+        steward_core::reservation::NODE_CPUS_ANNOTATION: serde_json::to_string(&doc).unwrap(),
+    }}});
+    Api::<Node>::all(api.client())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn exclusive_cpus_are_reserved_on_one_numa_node_until_the_node_names_the_pod() {
+    let api = setup().await;
+    instance(&api, "cam", 1, &["n1", "n2"]).await;
+    // n1: NUMA 0 has 2 CPUs free, NUMA 1 has 4; n2 runs no resource manager.
+    publish_cpus(&api, "n1", &[(0, 2), (1, 4)], &[]).await;
+    let c = Controller::start(&api, "c1", Duration::from_secs(60));
+    // 3 CPUs and the camera: n2 cannot pin CPUs, n1 holds them on NUMA 1.
+    let big = pod_with_cpu_reservation(&api, "big", &[("cam", 1)], 3, &["n2", "n1"]).await;
+    let s = phase_of(&api, "big", "Reserved").await.status.unwrap();
+    assert_eq!(
+        (s.node.as_deref(), s.numa_node, s.cpus),
+        (Some("n1"), Some(1), 3)
+    );
+    // 3 more fit no NUMA node of n1 now (2 and 1 left), although n1 has 3 free.
+    pod_with_cpu_reservation(&api, "more", &[], 3, &["n2", "n1"]).await;
+    let reason = phase_of(&api, "more", "Rejected")
+        .await
+        .status
+        .unwrap()
+        .reason
+        .unwrap();
+    assert!(
+        reason.contains("n2: no CRI resource manager publishes exclusive CPUs on n2")
+            && reason
+                .contains("n1: 3 exclusive CPUs wanted on one NUMA node, at most 2 free on any"),
+        "{reason}"
+    );
+    // 2 fit NUMA 0.
+    pod_with_cpu_reservation(&api, "small", &[], 2, &["n1"]).await;
+    let s = phase_of(&api, "small", "Reserved").await.status.unwrap();
+    assert_eq!(s.numa_node, Some(0));
+    // "big" runs: its claim holds the camera, and the node pins its CPUs
+    // and names it. Consumed only when both hold.
+    let claim = SlotClaim::new(
+        "cam-0",
+        SlotClaimSpec {
+            instance: "cam".into(),
+            slot: 0,
+            node: "n1".into(),
+            epoch: 1,
+            pod: Some(PodRef {
+                namespace: NS.into(),
+                name: "big".into(),
+                uid: big.clone(),
+            }),
+            container: Some("main".into()),
+            since: 1,
+            awaiting: None,
+            reservation: None,
+        },
+    );
+    Api::<SlotClaim>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let s = Api::<Reservation>::namespaced(api.client(), NS)
+        .get("big")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert!(
+        s.reason
+            .as_deref()
+            .is_none_or(|r| !r.starts_with("consumed")),
+        "consumed before the node pinned its CPUs: {s:?}"
+    );
+    publish_cpus(&api, "n1", &[(0, 2), (1, 1)], &[&big]).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = Api::<Reservation>::namespaced(api.client(), NS)
+            .get("big")
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        if s.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("consumed"))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never consumed: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // "small" fails admission on n1 (kubelet ends it Failed with the
+    // reason): released, with the reason and an Event.
+    let pods = Api::<Pod>::namespaced(api.client(), NS);
+    let failed = json!({"status": {
+        "phase": "Failed",
+        "reason": "UnexpectedAdmissionError",
+        "message": "Allocate failed due to no exclusive CPUs",
+    }});
+    pods.patch_status(
+        "small",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&failed),
+    )
+    .await
+    .unwrap();
+    let r = phase_of(&api, "small", "Canceled").await;
+    let reason = r.status.unwrap().reason.unwrap();
+    assert!(
+        reason.contains("allocation failed on its node: UnexpectedAdmissionError"),
+        "{reason}"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !events_for(&api, "small").await.iter().any(|e| {
+        e.reason.as_deref() == Some("Canceled")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("UnexpectedAdmissionError"))
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Canceled event naming the failure"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.stop().await;
 }

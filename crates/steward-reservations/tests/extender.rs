@@ -317,3 +317,82 @@ fn the_scheduler_configuration_calls_what_the_extender_serves() {
         "chart default port changed"
     );
 }
+
+#[tokio::test]
+async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus() {
+    let s = stand(1).await;
+    // n1: 2 + 2 CPUs free (no NUMA node holds 3); n2: 4 on NUMA 1; n3 runs
+    // no resource manager.
+    for (n, free) in [
+        ("n1", json!({"0": 2, "1": 2})),
+        ("n2", json!({"0": 1, "1": 4})),
+    ] {
+        let doc = json!({"free": free, "holders": []}).to_string();
+        let patch = json!({"metadata": {"annotations": {
+            steward_core::reservation::NODE_CPUS_ANNOTATION: doc}}});
+        Api::<Node>::all(s.api.client())
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+    let pinned = |name: &str, cpus: u32| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"containers": [{"name": "main", "image": "busybox",
+                "resources": {"limits": {"cpu": cpus.to_string(), "memory": "1Gi",
+                    "resmgr.steward.dev/exclusive-cpus": cpus.to_string()}}}]},
+        }))
+        .unwrap()
+    };
+    let pods = Api::<Pod>::namespaced(s.api.client(), NS);
+    // 5 fit no NUMA node anywhere: each node says why.
+    let big = pods
+        .create(&PostParams::default(), &pinned("big", 5))
+        .await
+        .unwrap();
+    let r = filter(s.addr, &big, &["n1", "n2", "n3"]).await;
+    assert_eq!(r["nodenames"], json!([]), "{r}");
+    let failed = &r["failedNodes"];
+    assert!(
+        failed["n1"]
+            .as_str()
+            .unwrap_or("")
+            .contains("at most 2 free on any")
+            && failed["n2"]
+                .as_str()
+                .unwrap_or("")
+                .contains("at most 4 free on any"),
+        "{r}"
+    );
+    let unresolvable = &r["failedAndUnresolvableNodes"];
+    let n3 = failed["n3"]
+        .as_str()
+        .or(unresolvable["n3"].as_str())
+        .unwrap_or("");
+    assert!(n3.contains("no CRI resource manager"), "{r}");
+    // 3 fit only n2's NUMA node 1.
+    let pod = pods
+        .create(&PostParams::default(), &pinned("pinned", 3))
+        .await
+        .unwrap();
+    let r = filter(s.addr, &pod, &["n1", "n2", "n3"]).await;
+    assert_eq!(r["nodenames"], json!(["n2"]), "{r}");
+    assert!(
+        r["failedNodes"]["n1"]
+            .as_str()
+            .unwrap_or("")
+            .contains("reserved on n2"),
+        "{r}"
+    );
+    let res = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("pinned")
+        .await
+        .unwrap();
+    assert_eq!(res.spec.exclusive_cpus, 3);
+    let st = res.status.unwrap();
+    assert_eq!((st.node.as_deref(), st.numa_node), (Some("n2"), Some(1)));
+}

@@ -27,7 +27,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde::Serialize;
-use steward_core::cpu::{CpuSet, PolicyConfig, PolicyKind, Topology};
+use steward_core::cpu::{Assignment, ContainerKey, CpuSet, PolicyConfig, PolicyKind, Topology};
+use steward_core::reservation::{NODE_CPUS_ANNOTATION, NodeCpus};
 use steward_kube::{Change, follow};
 use tracing::{debug, info, warn};
 
@@ -46,7 +47,7 @@ pub const POLICY_ANNOTATION: &str = "resmgr.steward.dev/policy";
 pub const TOPOLOGY_ANNOTATION: &str = "resmgr.steward.dev/topology";
 /// Extended resource (node `status.capacity`/`allocatable`): CPUs that can
 /// be handed out exclusively.
-pub const EXCLUSIVE_CPUS_RESOURCE: &str = "resmgr.steward.dev/exclusive-cpus";
+pub const EXCLUSIVE_CPUS_RESOURCE: &str = steward_core::reservation::EXCLUSIVE_CPUS_RESOURCE;
 /// ConfigMap key holding the configuration document.
 pub const CONFIG_KEY: &str = "config.yaml";
 /// Prefix of the ConfigMap names.
@@ -477,14 +478,24 @@ pub struct Publication {
     pub policy: PolicyKind,
     /// Topology summary.
     pub topology: TopologySummary,
+    /// Exclusive CPUs still free per NUMA node and who holds some
+    /// ([`crate::reservations::node_cpus`]).
+    pub cpus: NodeCpus,
 }
 
 impl Publication {
-    /// Summarize for `policy` with `config` on `topology`.
-    pub fn new(topology: &Topology, policy: PolicyKind, config: &PolicyConfig) -> Self {
+    /// Summarize for `policy` with `config` on `topology`, with
+    /// `assignments` the containers placed.
+    pub fn new(
+        topology: &Topology,
+        policy: PolicyKind,
+        config: &PolicyConfig,
+        assignments: &BTreeMap<ContainerKey, Assignment>,
+    ) -> Self {
         Self {
             policy,
             topology: TopologySummary::new(topology, policy, config),
+            cpus: crate::reservations::node_cpus(topology, policy, config, assignments),
         }
     }
 
@@ -494,12 +505,17 @@ impl Publication {
             action: "encoding the topology summary".to_owned(),
             source: Box::new(e),
         })?;
+        let cpus = serde_json::to_string(&self.cpus).map_err(|e| ResmgrError::Cluster {
+            action: "encoding the free exclusive CPUs".to_owned(),
+            source: Box::new(e),
+        })?;
         Ok(serde_json::json!({
             "metadata": {
                 "labels": { POLICY_LABEL: self.policy.as_str() },
                 "annotations": {
                     TOPOLOGY_ANNOTATION: topo,
                     POLICY_ANNOTATION: self.policy.as_str(),
+                    NODE_CPUS_ANNOTATION: cpus,
                 },
             }
         }))

@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod quantity;
 pub mod relay;
 pub mod requests;
+pub mod reservations;
 pub mod resmgr;
 pub mod server;
 
@@ -239,6 +240,31 @@ impl Proxy {
                 c.publish_retry,
                 cfg.metrics.clone(),
             )));
+            // The free exclusive CPUs change with every placement: the
+            // Node is patched only when the document changed.
+            let (m, tx) = (manager.clone(), publish_tx.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    m.saved().await;
+                    let p = m.publication().await;
+                    tx.send_if_modified(|cur| {
+                        let changed = cur.as_ref() != Some(&p);
+                        if changed {
+                            *cur = Some(p);
+                        }
+                        changed
+                    });
+                }
+            }));
+            // Exclusive CPUs reserved on this node for pods not yet here.
+            let m = manager.clone();
+            let holds = reservations::watch_holds(c.client.clone(), c.node_name.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut holds = std::pin::pin!(holds);
+                while let Some(h) = holds.next().await {
+                    m.set_holds(h).await;
+                }
+            }));
         }
         {
             let m = manager.clone();
@@ -256,16 +282,18 @@ impl Proxy {
                     };
                     if let Some(c) = apply {
                         m.handle(Event::Config(Box::new(c))).await;
-                        if publish {
-                            let p = m.publication().await;
-                            publish_tx.send_if_modified(|cur| {
-                                let changed = cur.as_ref() != Some(&p);
-                                if changed {
-                                    *cur = Some(p);
-                                }
-                                changed
-                            });
-                        }
+                    }
+                    // Policy, topology and free exclusive CPUs: the Node
+                    // is patched only when one of them changed.
+                    if publish {
+                        let p = m.publication().await;
+                        publish_tx.send_if_modified(|cur| {
+                            let changed = cur.as_ref() != Some(&p);
+                            if changed {
+                                *cur = Some(p);
+                            }
+                            changed
+                        });
                     }
                 }
             }));

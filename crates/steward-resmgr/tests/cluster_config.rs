@@ -240,8 +240,12 @@ async fn cluster_source_and_node_publisher_against_the_apiserver() -> TestResult
         reserved_cpus: CpuSet::parse("0")?,
         ..PolicyConfig::default()
     };
-    let (tx, rx) =
-        tokio::sync::watch::channel(Some(Publication::new(&topo, PolicyKind::Static, &cfg)));
+    let (tx, rx) = tokio::sync::watch::channel(Some(Publication::new(
+        &topo,
+        PolicyKind::Static,
+        &cfg,
+        &Default::default(),
+    )));
     let task = tokio::spawn(NodePublisher::new(&c).run(rx, c.publish_retry, Metrics::default()));
     let n = wait_for_node(&nodes, |n| {
         label(n, "resmgr.steward.dev/policy") == Some("static") && capacity(n).is_some()
@@ -261,6 +265,11 @@ async fn cluster_source_and_node_publisher_against_the_apiserver() -> TestResult
     assert_eq!(summary["numa_nodes"][1]["memory_bytes"], 1u64 << 30);
     assert_eq!(summary["isolated_cpus"], "3");
     assert_eq!(summary["reserved_cpus"], "0");
+    // Free exclusive CPUs per NUMA node: node 0 (0-1) loses reserved 0,
+    // node 1 (2-3) isolated 3, and the shared pool keeps one.
+    let free: steward_core::reservation::NodeCpus =
+        serde_json::from_str(&ann[steward_core::reservation::NODE_CPUS_ANNOTATION])?;
+    assert_eq!(free.free.values().sum::<u32>(), 1, "{free:?}");
     let cap = n
         .status
         .clone()
@@ -278,7 +287,12 @@ async fn cluster_source_and_node_publisher_against_the_apiserver() -> TestResult
         "4 online - reserved 0 - isolated 3"
     );
 
-    tx.send(Some(Publication::new(&topo, PolicyKind::Balloons, &cfg)))?;
+    tx.send(Some(Publication::new(
+        &topo,
+        PolicyKind::Balloons,
+        &cfg,
+        &Default::default(),
+    )))?;
     let n = wait_for_node(&nodes, |n| {
         label(n, "resmgr.steward.dev/policy") == Some("balloons")
     })
@@ -298,6 +312,7 @@ async fn cluster_source_and_node_publisher_against_the_apiserver() -> TestResult
         &topo,
         PolicyKind::TopologyAware,
         &cfg,
+        &Default::default(),
     )))?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.set_available(true);

@@ -244,9 +244,42 @@ pub(crate) struct Engine<P: Placer> {
     placer: P,
     requests: BTreeMap<ContainerKey, ContainerRequest>,
     assignments: BTreeMap<ContainerKey, Assignment>,
+    /// pod uid → (NUMA node, CPUs) held for it ([`Policy::set_holds`]).
+    holds: BTreeMap<String, (u32, u32)>,
+}
+
+/// The CPUs of `free` to leave alone for `withhold`: on each NUMA node,
+/// the highest-numbered `n` of its CPUs in `free` (all of them when fewer).
+pub(crate) fn withheld(free: &CpuSet, topo: &Topology, withhold: &BTreeMap<u32, usize>) -> CpuSet {
+    let mut out = CpuSet::new();
+    for (node, n) in withhold {
+        let mine: Vec<u32> = free.intersection(&topo.node_cpus(*node)).iter().collect();
+        for c in mine.iter().rev().take(*n) {
+            out.insert(*c);
+        }
+    }
+    out
 }
 
 impl<P: Placer> Engine<P> {
+    /// What a new exclusive placement for pod `uid` leaves free per NUMA
+    /// node: the holds of other pods not yet holding exclusive CPUs.
+    fn withhold_for(&self, uid: &str) -> BTreeMap<u32, usize> {
+        let running: std::collections::BTreeSet<&str> = self
+            .assignments
+            .iter()
+            .filter(|(_, a)| a.exclusive)
+            .map(|(k, _)| k.pod_uid.as_str())
+            .collect();
+        let mut out: BTreeMap<u32, usize> = BTreeMap::new();
+        for (pod, (node, cpus)) in &self.holds {
+            if pod != uid && !running.contains(pod.as_str()) {
+                *out.entry(*node).or_default() += *cpus as usize;
+            }
+        }
+        out
+    }
+
     pub fn new(topo: &Topology, cfg: &PolicyConfig) -> Result<Self, PolicyError> {
         let env = Arc::new(Env::new(topo, cfg)?);
         Ok(Engine {
@@ -255,6 +288,7 @@ impl<P: Placer> Engine<P> {
             env,
             requests: BTreeMap::new(),
             assignments: BTreeMap::new(),
+            holds: BTreeMap::new(),
         })
     }
 
@@ -370,7 +404,8 @@ impl<P: Placer> Policy for Engine<P> {
     }
 
     fn allocate(&mut self, req: &ContainerRequest) -> Result<Decision, PolicyError> {
-        let hints = validate_request(req)?;
+        let mut hints = validate_request(req)?;
+        hints.withhold = self.withhold_for(&req.key.pod_uid);
         if self.requests.contains_key(&req.key) {
             let mut trial = self.placer.clone();
             trial.remove(&req.key);
@@ -412,6 +447,10 @@ impl<P: Placer> Policy for Engine<P> {
         self.placer = placer;
         self.requests = requests;
         Ok(self.sync(&persisted))
+    }
+
+    fn set_holds(&mut self, holds: BTreeMap<String, (u32, u32)>) {
+        self.holds = holds;
     }
 
     fn reconfigure(&mut self, cfg: &PolicyConfig) -> Result<Decision, PolicyError> {

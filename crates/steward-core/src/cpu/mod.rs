@@ -292,6 +292,13 @@ pub trait Policy: Send {
     ) -> Result<Decision, PolicyError>;
     /// Applies new parameters, re-placing containers as needed.
     fn reconfigure(&mut self, cfg: &PolicyConfig) -> Result<Decision, PolicyError>;
+    /// Exclusive CPUs held for pods that do not run here yet (their
+    /// reservations): pod uid → (NUMA node, CPUs). A new exclusive
+    /// placement of any other pod leaves that many CPUs free on each NUMA
+    /// node; a pod that already holds exclusive CPUs no longer counts.
+    /// Honoured by `static` and `topology-aware`; `balloons` and `none`
+    /// hand out no per-pod exclusive CPUs to hold.
+    fn set_holds(&mut self, holds: BTreeMap<String, (u32, u32)>);
 }
 
 /// Builds a policy over a topology.

@@ -267,6 +267,9 @@ pub struct Hints {
     pub prefer_shared: Option<bool>,
     pub memory_tiers: Option<Vec<MemoryKind>>,
     pub balloon: Option<String>,
+    /// Not an annotation: exclusive CPUs to leave free per NUMA node,
+    /// held for other pods' reservations ([`super::Policy::set_holds`]).
+    pub withhold: BTreeMap<u32, usize>,
 }
 
 impl Hints {
@@ -362,6 +365,7 @@ impl Hints {
             prefer_shared: own.prefer_shared.or(pod.prefer_shared),
             memory_tiers: own.memory_tiers.or(pod.memory_tiers),
             balloon: own.balloon.or(pod.balloon),
+            withhold: BTreeMap::new(),
         })
     }
 }

@@ -21,7 +21,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::engine::{Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted};
+use super::engine::{
+    Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted, withheld,
+};
 use super::request::Hints;
 use super::{Assignment, ContainerKey, ContainerRequest, CpuSet, Members, PolicyError, PolicyKind};
 
@@ -97,9 +99,23 @@ impl StaticPlacer {
                 ),
             });
         }
+        // Held CPUs stay shared until their pod takes them; the pool must
+        // keep one CPU after that too.
+        let held = withheld(&free_shared, &self.env.topo, &hints.withhold);
+        let avail = free_shared.difference(&held);
+        if free_shared.len() <= n + held.len() {
+            return Err(PolicyError::Insufficient {
+                key: req.key.clone(),
+                reason: format!(
+                    "needs {n} exclusive CPUs; {} of the {} free are reserved for other pods and the shared pool must keep at least one",
+                    held.len(),
+                    free_shared.len()
+                ),
+            });
+        }
         self.env
             .picker
-            .take(&free_shared, n)
+            .take(&avail, n)
             .ok_or_else(|| PolicyError::Insufficient {
                 key: req.key.clone(),
                 reason: format!("no {n} CPUs available"),

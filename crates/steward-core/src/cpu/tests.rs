@@ -1292,3 +1292,47 @@ proptest! {
         run_ops(PolicyKind::None, &ops)?;
     }
 }
+
+// ---------------------------------------------------------- reservations
+
+#[test]
+fn cpus_held_for_a_reservation_are_left_to_its_pod() {
+    let t = smt16();
+    for kind in [PolicyKind::Static, PolicyKind::TopologyAware] {
+        let mut p = new_policy(kind, &t, &PolicyConfig::default()).unwrap();
+        // Pod "r" has 4 CPUs reserved on NUMA node 0 (CPUs 0,1,8,9).
+        p.set_holds(BTreeMap::from([("r".to_owned(), (0, 4))]));
+        let other = p.allocate(&req("g", Qos::Guaranteed, 2000)).unwrap();
+        let g = other.get(&key("g")).unwrap().cpus.clone();
+        assert!(
+            g.is_disjoint(&t.node_cpus(0)),
+            "{kind:?}: another pod took held CPUs {g}"
+        );
+        let mine = p.allocate(&req("r", Qos::Guaranteed, 4000)).unwrap();
+        assert_eq!(
+            mine.get(&key("r")).unwrap().cpus,
+            t.node_cpus(0),
+            "{kind:?}: the pod gets the NUMA node held for it"
+        );
+        // Once it holds them, its hold no longer withholds anything.
+        assert!(p.allocate(&req("h", Qos::Guaranteed, 4000)).is_ok());
+    }
+}
+
+#[test]
+fn holds_that_leave_too_little_refuse_other_pods() {
+    let t = smt16();
+    let mut p = static_policy(&t, "0,8");
+    // 14 CPUs in the shared pool, 12 held: the pool keeps one after the
+    // held ones are taken, so one more CPU can go.
+    p.set_holds(BTreeMap::from([
+        ("a".to_owned(), (1, 4)),
+        ("b".to_owned(), (2, 4)),
+        ("c".to_owned(), (3, 4)),
+    ]));
+    let e = p.allocate(&req("g", Qos::Guaranteed, 4000)).unwrap_err();
+    assert!(e.to_string().contains("reserved for other pods"), "{e}");
+    let e = p.allocate(&req("g", Qos::Guaranteed, 2000)).unwrap_err();
+    assert!(e.to_string().contains("must keep at least one"), "{e}");
+    assert!(p.allocate(&req("g", Qos::Guaranteed, 1000)).is_ok());
+}

@@ -34,7 +34,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::engine::{Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted};
+use super::engine::{
+    Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted, withheld,
+};
 use super::request::Hints;
 use super::{
     Assignment, ContainerKey, ContainerRequest, CpuSet, Members, MemoryKind, PolicyError,
@@ -209,6 +211,8 @@ struct Need {
     memory: u64,
     tiers: Vec<MemoryKind>,
     prefer_isolated: bool,
+    /// CPUs per NUMA node held for other pods' reservations.
+    withhold: BTreeMap<u32, usize>,
 }
 
 impl TopologyAwarePlacer {
@@ -234,6 +238,7 @@ impl TopologyAwarePlacer {
                 .clone()
                 .unwrap_or_else(|| vec![MemoryKind::Dram]),
             prefer_isolated: hints.prefer_isolated == Some(true),
+            withhold: hints.withhold.clone(),
         }
     }
 
@@ -287,10 +292,17 @@ impl TopologyAwarePlacer {
         {
             return Some(c);
         }
-        if free.len() < n {
+        // Held CPUs stay shared until their pod takes them: the pools must
+        // fit without them too.
+        let held = withheld(free, &self.env.topo, &need.withhold);
+        let avail = free.difference(&held);
+        if avail.len() < n {
             return None;
         }
-        self.env.picker.take(free, n).filter(ok)
+        self.env
+            .picker
+            .take(&avail, n)
+            .filter(|c| ok(c) && (held.is_empty() || ok(&c.union(&held))))
     }
 
     fn commit(&mut self, key: &ContainerKey, grant: Grant) {

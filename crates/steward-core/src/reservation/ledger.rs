@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::cpus::NodeCpus;
 use super::model::{
     Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,
     slot_id,
@@ -16,7 +17,9 @@ pub struct ReservationLedger {
     /// slot → uid of the pod whose claim holds it.
     claims: BTreeMap<String, String>,
     /// pod uid → its reservation.
-    reservations: BTreeMap<String, Reservation>,
+    pub(super) reservations: BTreeMap<String, Reservation>,
+    /// node → the exclusive CPUs its resource manager published.
+    pub(super) node_cpus: BTreeMap<String, NodeCpus>,
     /// How long a `Reserved` reservation may wait to be consumed.
     ttl_ms: u64,
 }
@@ -123,6 +126,39 @@ impl ReservationLedger {
         Ok(slots)
     }
 
+    /// Whether pod `uid`'s reservation is used up: its own claims hold
+    /// every slot asked for (the node may have granted other slots than the
+    /// reserved ones) and, when CPUs were asked for, its node names the pod
+    /// among those holding exclusive CPUs.
+    fn consumed(&self, r: &Reservation) -> bool {
+        let uid = r.pod.uid.as_str();
+        r.holds()
+            && r.request
+                .iter()
+                .all(|(instance, want)| self.claimed_by(instance, uid) >= *want as usize)
+            && (r.cpus == 0
+                || r.node
+                    .as_deref()
+                    .and_then(|n| self.node_cpus.get(n))
+                    .is_some_and(|c| c.holders.contains(uid)))
+    }
+
+    /// Drops every reservation that is used up ([`Change::Consumed`]).
+    pub fn settle(&mut self) -> Vec<Change> {
+        let done: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| self.consumed(r))
+            .map(|r| r.pod.uid.clone())
+            .collect();
+        done.into_iter()
+            .map(|uid| {
+                self.reservations.remove(&uid);
+                Change::Consumed { uid }
+            })
+            .collect()
+    }
+
     /// An Instance appeared or changed. Reservations it no longer backs
     /// (the slot beyond a shrunk capacity, the node no longer seeing the
     /// device) are moved to other free slots or canceled.
@@ -155,14 +191,7 @@ impl ReservationLedger {
         for other in taken_from {
             changes.extend(self.reseat(&other, &format!("slot {slot} was taken by pod {uid}")));
         }
-        // Consumed once the pod's own claims cover its request (the node may
-        // have granted other slots than the reserved ones).
-        let consumed = self.reservations.get(uid).is_some_and(|r| {
-            r.holds()
-                && r.request
-                    .iter()
-                    .all(|(instance, want)| self.claimed_by(instance, uid) >= *want as usize)
-        });
+        let consumed = self.reservations.get(uid).is_some_and(|r| self.consumed(r));
         if consumed {
             self.reservations.remove(uid);
             changes.push(Change::Consumed {
@@ -200,9 +229,22 @@ impl ReservationLedger {
         candidates: Vec<String>,
         now: Millis,
     ) -> Result<Vec<Change>, ReservationError> {
+        self.request_with_cpus(pod, request, 0, candidates, now)
+    }
+
+    /// [`Self::request`] with `cpus` exclusive CPUs wanted on one NUMA node
+    /// of the chosen node as well.
+    pub fn request_with_cpus(
+        &mut self,
+        pod: PodRef,
+        request: SlotRequest,
+        cpus: u32,
+        candidates: Vec<String>,
+        now: Millis,
+    ) -> Result<Vec<Change>, ReservationError> {
         let uid = pod.uid.clone();
         let request: SlotRequest = request.into_iter().filter(|(_, n)| *n > 0).collect();
-        if request.is_empty() {
+        if request.is_empty() && cpus == 0 {
             return Err(ReservationError::EmptyRequest { uid });
         }
         if candidates.is_empty() {
@@ -210,7 +252,7 @@ impl ReservationLedger {
         }
         if let Some(r) = self.reservations.get_mut(&uid) {
             match r.phase {
-                Phase::Requested | Phase::Reserved if r.request != request => {
+                Phase::Requested | Phase::Reserved if r.request != request || r.cpus != cpus => {
                     return Err(ReservationError::Conflicting { uid });
                 }
                 Phase::Requested => {
@@ -230,6 +272,8 @@ impl ReservationLedger {
                 phase: Phase::Requested,
                 node: None,
                 slots: BTreeSet::new(),
+                cpus,
+                numa: None,
                 reason: None,
                 requested_at: now,
                 decided_at: None,
@@ -256,6 +300,7 @@ impl ReservationLedger {
             r.phase = Phase::Requested;
             r.node = None;
             r.slots.clear();
+            r.numa = None;
             r.decided_at = None;
             r.reason = None;
             let changes = vec![Change::Phase {
@@ -268,6 +313,7 @@ impl ReservationLedger {
         if r.phase != Phase::Reserved {
             r.node = None;
             r.slots.clear();
+            r.numa = None;
         }
         self.reservations.insert(uid, r);
         Vec::new()
@@ -288,9 +334,15 @@ impl ReservationLedger {
             }
             *per.entry(instance).or_default() += 1;
         }
-        r.request
-            .iter()
-            .all(|(i, n)| per.get(i.as_str()).copied().unwrap_or(0) == *n)
+        let cpus_ok = match (r.cpus, r.numa) {
+            (0, _) => true,
+            (want, Some(k)) => self.numa_still_fits(node, &r.pod.uid, k, want),
+            (_, None) => false,
+        };
+        cpus_ok
+            && r.request
+                .iter()
+                .all(|(i, n)| per.get(i.as_str()).copied().unwrap_or(0) == *n)
     }
 
     /// The single writer's decision on a `Requested` reservation: the first
@@ -309,9 +361,12 @@ impl ReservationLedger {
         let mut chosen = None;
         let mut seen = BTreeSet::new();
         for node in r.candidates.iter().filter(|n| seen.insert(n.as_str())) {
-            match self.fit(&r.request, node, uid) {
-                Ok(slots) => {
-                    chosen = Some((node.clone(), slots));
+            let fits = self
+                .fit(&r.request, node, uid)
+                .and_then(|slots| Ok((slots, self.fit_cpus(node, uid, r.cpus)?)));
+            match fits {
+                Ok((slots, numa)) => {
+                    chosen = Some((node.clone(), slots, numa));
                     break;
                 }
                 Err(e) => why.push(format!("{node}: {e}")),
@@ -322,10 +377,11 @@ impl ReservationLedger {
         };
         r.decided_at = Some(now);
         match chosen {
-            Some((node, slots)) => {
+            Some((node, slots, numa)) => {
                 r.phase = Phase::Reserved;
                 r.node = Some(node);
                 r.slots = slots;
+                r.numa = numa;
                 r.reason = None;
             }
             None => {
@@ -354,6 +410,7 @@ impl ReservationLedger {
         r.phase = Phase::Canceled;
         r.node = None;
         r.slots.clear();
+        r.numa = None;
         r.reason = Some(reason.to_owned());
         vec![Change::Phase {
             uid: uid.to_owned(),

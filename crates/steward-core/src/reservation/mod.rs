@@ -12,18 +12,21 @@
 //!
 //! Life of a reservation: `Requested` (the scheduler extender asked, with the
 //! candidate nodes its Filter saw) → [`ReservationLedger::decide`] →
-//! `Reserved` (one node chosen, slots held for the pod) or `Rejected` (no
+//! `Reserved` (one node chosen, slots held for the pod, and exclusive
+//! CPUs counted against one NUMA node of it when asked for: [`NodeCpus`]) or `Rejected` (no
 //! candidate can hold it, with the reason). A `Reserved` reservation is
 //! consumed when the pod's own claims hold its slots (the reservation is
 //! then dropped: the claims carry on), and `Canceled` when the scheduler
 //! unreserves, the pod goes away or binds elsewhere, or its time to live
 //! runs out. `Rejected` and `Canceled` hold nothing; nothing is ever stuck.
 
+mod cpus;
 mod ledger;
 mod model;
 #[cfg(test)]
 mod proptests;
 
+pub use cpus::{EXCLUSIVE_CPUS_RESOURCE, NODE_CPUS_ANNOTATION, NodeCpus, best_numa};
 pub use ledger::ReservationLedger;
 pub use model::{
     Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,

@@ -74,6 +74,12 @@ pub struct Reservation {
     pub node: Option<String>,
     /// The slots held for the pod (`Reserved`), in id order.
     pub slots: BTreeSet<String>,
+    /// Exclusive CPUs wanted on one NUMA node (0: none).
+    #[serde(default)]
+    pub cpus: u32,
+    /// The NUMA node of `node` they are held on (`Reserved` with `cpus`).
+    #[serde(default)]
+    pub numa: Option<u32>,
     /// Why it was rejected or canceled.
     pub reason: Option<String>,
     /// When it was requested, and when it was decided.
@@ -114,12 +120,16 @@ pub enum Misfit {
         capacity: u32,
         want: u32,
     },
+    #[error("no CRI resource manager publishes exclusive CPUs on {node}")]
+    NoCpus { node: String },
+    #[error("{want} exclusive CPUs wanted on one NUMA node, at most {most} free on any")]
+    NoNumaFit { want: u32, most: u32 },
 }
 
 /// A request the ledger refuses; nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReservationError {
-    #[error("reservation of pod {uid} asks for no slot")]
+    #[error("reservation of pod {uid} asks for no slot and no exclusive CPU")]
     EmptyRequest { uid: String },
     #[error("reservation of pod {uid} names no candidate node")]
     NoCandidates { uid: String },

@@ -18,7 +18,11 @@ const TTL: u64 = 1_000;
 enum Op {
     SetInstance(usize, u32, BTreeSet<usize>),
     RemoveInstance(usize),
-    Request(usize, BTreeMap<usize, u32>, Vec<usize>),
+    /// Pod `.0` asks for slots `.1` and `.2` exclusive CPUs on nodes `.3`.
+    Request(usize, BTreeMap<usize, u32>, u32, Vec<usize>),
+    /// Node `.0`'s resource manager publishes free CPUs per NUMA node
+    /// (`None`: it stopped) and the pods holding CPUs (bit mask).
+    NodeCpus(usize, Option<(u32, u32)>, u8),
     Decide(usize),
     /// A node grants pod `.1` a slot: the node honours reservations, so it
     /// takes a slot free for that pod (`.2` picks which).
@@ -41,10 +45,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..INSTANCES.len()).prop_map(Op::RemoveInstance),
         6 => (
             0..PODS.len(),
-            proptest::collection::btree_map(0..INSTANCES.len(), 1u32..3, 1..3),
+            proptest::collection::btree_map(0..INSTANCES.len(), 1u32..3, 0..3),
+            prop_oneof![2 => Just(0u32), 1 => 1u32..5],
             proptest::collection::vec(0..NODES.len(), 1..4)
         )
-            .prop_map(|(p, r, c)| Op::Request(p, r, c)),
+            .prop_map(|(p, r, cpus, c)| Op::Request(p, r, cpus, c)),
+        2 => (0..NODES.len(), proptest::option::weighted(0.9, (0u32..6, 0u32..6)), any::<u8>())
+            .prop_map(|(n, f, h)| Op::NodeCpus(n, f, h)),
         6 => (0..PODS.len()).prop_map(Op::Decide),
         3 => (0..INSTANCES.len(), 0..PODS.len(), 0usize..4).prop_map(|(i, p, k)| Op::Claim(i, p, k)),
         2 => (0..INSTANCES.len(), 0u32..4).prop_map(|(i, n)| Op::Release(i, n)),
@@ -54,8 +61,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..600).prop_map(Op::Tick),
         2 => (0..PODS.len()).prop_map(Op::Restore),
         // Rarely: an empty request or no candidates (refused, nothing changes).
-        1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::new(), vec![0])),
-        1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::from([(0, 1)]), Vec::new())),
+        1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::new(), 0, vec![0])),
+        1 => (0..PODS.len()).prop_map(|p| Op::Request(p, BTreeMap::from([(0, 1)]), 0, Vec::new())),
     ]
 }
 
@@ -68,13 +75,36 @@ fn pod(i: usize) -> PodRef {
 }
 
 /// Every slot has at most one holder; reserved slots exist, are seen by
-/// the reserved node and match the request; only `Reserved` holds.
-fn check(l: &ReservationLedger, claims: &BTreeMap<String, String>) -> Result<(), TestCaseError> {
+/// the reserved node and match the request; only `Reserved` holds; no NUMA
+/// node has more CPUs reserved than its node says are free, counting only
+/// pods not yet holding theirs.
+fn check(
+    l: &ReservationLedger,
+    claims: &BTreeMap<String, String>,
+    cpus: &BTreeMap<usize, NodeCpus>,
+) -> Result<(), TestCaseError> {
     let mut held: BTreeMap<String, String> = claims.clone();
+    let mut numa_held: BTreeMap<(String, u32), u32> = BTreeMap::new();
     for r in l.reservations() {
         if !r.holds() {
             prop_assert!(r.slots.is_empty(), "{r:?} holds slots while {:?}", r.phase);
+            prop_assert!(r.numa.is_none(), "{r:?} holds CPUs while {:?}", r.phase);
             continue;
+        }
+        prop_assert_eq!(
+            r.cpus > 0,
+            r.numa.is_some(),
+            "CPUs wanted but not held: {:?}",
+            r
+        );
+        if let (Some(k), Some(node)) = (r.numa, &r.node) {
+            let i = NODES.iter().position(|n| n == node).unwrap_or(0);
+            let c = cpus.get(&i).ok_or_else(|| {
+                TestCaseError::fail(format!("CPUs held on {node} that publishes none"))
+            })?;
+            if !c.holders.contains(&r.pod.uid) {
+                *numa_held.entry((node.clone(), k)).or_default() += r.cpus;
+            }
         }
         let node = r
             .node
@@ -107,6 +137,18 @@ fn check(l: &ReservationLedger, claims: &BTreeMap<String, String>) -> Result<(),
         }
         prop_assert_eq!(&per, &r.request, "reserved slots do not match the request");
     }
+    for ((node, k), n) in numa_held {
+        let i = NODES.iter().position(|x| *x == node).unwrap_or(0);
+        let free = cpus
+            .get(&i)
+            .and_then(|c| c.free.get(&k))
+            .copied()
+            .unwrap_or(0);
+        prop_assert!(
+            n <= free,
+            "{n} CPUs reserved on {node} NUMA {k} with {free} free"
+        );
+    }
     Ok(())
 }
 
@@ -122,6 +164,8 @@ proptest! {
         // Decisions as a controller would have written them (possibly
         // stale by the time a successor reads them back).
         let mut saved: BTreeMap<usize, crate::reservation::Reservation> = BTreeMap::new();
+        // What each node's resource manager last published.
+        let mut cpus: BTreeMap<usize, NodeCpus> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::SetInstance(i, capacity, nodes) => {
@@ -131,11 +175,22 @@ proptest! {
                 Op::RemoveInstance(i) => {
                     l.remove_instance(INSTANCES[i]);
                 }
-                Op::Request(p, req, cands) => {
+                Op::NodeCpus(n, free, holders) => {
+                    let published = free.map(|(a, b)| NodeCpus {
+                        free: BTreeMap::from([(0, a), (1, b)]),
+                        holders: (0..PODS.len()).filter(|p| holders & (1 << p) != 0).map(|p| PODS[p].to_owned()).collect(),
+                    });
+                    match &published {
+                        Some(c) => cpus.insert(n, c.clone()),
+                        None => cpus.remove(&n),
+                    };
+                    l.set_node_cpus(NODES[n], published);
+                }
+                Op::Request(p, req, want, cands) => {
                     let req: SlotRequest = req.into_iter().map(|(i, n)| (INSTANCES[i].to_owned(), n)).collect();
                     let cands: Vec<String> = cands.into_iter().map(|n| NODES[n].to_owned()).collect();
                     let before = l.reservation(PODS[p]).cloned();
-                    if l.request(pod(p), req, cands, now).is_err() {
+                    if l.request_with_cpus(pod(p), req, want, cands, now).is_err() {
                         prop_assert_eq!(before, l.reservation(PODS[p]).cloned(), "a refused request changed the ledger");
                     }
                 }
@@ -152,7 +207,8 @@ proptest! {
                             if a.phase == Phase::Rejected {
                                 // Rejected only when no candidate fits.
                                 for n in &a.candidates {
-                                    prop_assert!(l.fit(&a.request, n, &a.pod.uid).is_err(), "{n} fits yet rejected");
+                                    let fits = l.fit(&a.request, n, &a.pod.uid).is_ok() && l.fit_cpus(n, &a.pod.uid, a.cpus).is_ok();
+                                    prop_assert!(!fits, "{n} fits yet rejected");
                                 }
                             }
                         } else {
@@ -196,6 +252,7 @@ proptest! {
                             prop_assert!(n.phase == r.phase || (r.phase == Phase::Reserved && n.phase == Phase::Requested));
                             if n.phase == Phase::Reserved {
                                 prop_assert_eq!(&n.slots, &r.slots, "a restored reservation moved");
+                                prop_assert_eq!(n.numa, r.numa, "restored CPUs moved");
                             }
                         }
                     }
@@ -211,7 +268,7 @@ proptest! {
                     }
                 }
             }
-            check(&l, &claims)?;
+            check(&l, &claims, &cpus)?;
         }
     }
 }
@@ -256,4 +313,65 @@ fn a_shared_instance_is_counted_once_across_its_nodes() {
     // Not consumed in time: released.
     assert_eq!(l.expire(Millis(5 + TTL)).len(), 1);
     assert_eq!(l.holder("cam-1"), None);
+}
+
+#[test]
+fn exclusive_cpus_are_counted_per_numa_node_until_the_pod_holds_them() {
+    let mut l = ReservationLedger::new(TTL);
+    let published = |holders: &[usize]| NodeCpus {
+        free: BTreeMap::from([(0, 4), (1, 2)]),
+        holders: holders.iter().map(|p| PODS[*p].to_owned()).collect(),
+    };
+    l.set_node_cpus("n1", Some(published(&[])));
+    // 3 CPUs fit NUMA 0 only; 2 fit NUMA 1 (the tighter); a second 3 fits nowhere.
+    for (p, want) in [(0, 3), (1, 2), (2, 3)] {
+        l.request_with_cpus(
+            pod(p),
+            SlotRequest::new(),
+            want,
+            vec!["n1".into()],
+            Millis(0),
+        )
+        .unwrap();
+        l.decide(PODS[p], Millis(0)).unwrap();
+    }
+    let numa = |p: usize| l.reservation(PODS[p]).and_then(|r| r.numa);
+    assert_eq!((numa(0), numa(1)), (Some(0), Some(1)));
+    let r2 = l.reservation(PODS[2]).unwrap();
+    assert_eq!(r2.phase, Phase::Rejected);
+    assert!(
+        r2.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("n1: 3 exclusive CPUs wanted on one NUMA node, at most 1 free on any"),
+        "{:?}",
+        r2.reason
+    );
+    // A node without a resource manager cannot hold CPUs.
+    assert!(matches!(
+        l.fit_cpus("n2", PODS[3], 1),
+        Err(Misfit::NoCpus { .. })
+    ));
+    // p0 starts: the node takes its 3 CPUs off NUMA 0 and names it; the
+    // reservation is consumed, and nothing is counted twice.
+    let mut running = published(&[0]);
+    running.free.insert(0, 1);
+    assert_eq!(
+        l.set_node_cpus("n1", Some(running)),
+        vec![Change::Consumed {
+            uid: PODS[0].into()
+        }]
+    );
+    assert_eq!(l.fit_cpus("n1", PODS[3], 1), Ok(Some(0)));
+    // NUMA 1 shrinks under p1 (a CPU went offline): p1 is canceled.
+    let mut shrunk = published(&[0]);
+    shrunk.free = BTreeMap::from([(0, 1), (1, 1)]);
+    let changes = l.set_node_cpus("n1", Some(shrunk));
+    assert_eq!(
+        changes,
+        vec![Change::Phase {
+            uid: PODS[1].into(),
+            phase: Phase::Canceled
+        }]
+    );
 }

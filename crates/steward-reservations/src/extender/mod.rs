@@ -35,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use steward_api::{PodRef, Reservation, ReservationSpec};
-use steward_core::reservation::reservation_name;
+use steward_core::reservation::{EXCLUSIVE_CPUS_RESOURCE, reservation_name};
 use tokio_util::task::AbortOnDropHandle;
 
 use self::seen::Seen;
@@ -85,6 +85,24 @@ pub struct Extender {
 /// (else requests) of its containers added up; an init container runs
 /// before them, so each resource needs the larger of the two.
 pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
+    summed(pod, |k| k.strip_prefix(RESOURCE_PREFIX).map(str::to_owned))
+}
+
+/// Exclusive CPUs a pod asks to have reserved on one NUMA node: its
+/// [`EXCLUSIVE_CPUS_RESOURCE`] requests, combined as [`slot_request`]
+/// combines slots. A pod opts in with that resource (next to its integer
+/// `cpu` request, which is what the node's resource manager pins): a
+/// Guaranteed pod that does not ask is not held to NUMA fit.
+pub fn cpu_request(pod: &Pod) -> u32 {
+    summed(pod, |k| (k == EXCLUSIVE_CPUS_RESOURCE).then(String::new))
+        .into_values()
+        .next()
+        .unwrap_or(0)
+}
+
+/// Per-key totals of a pod's integer resource asks, keys mapped by `key`
+/// (`None`: not counted).
+fn summed(pod: &Pod, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, u32> {
     let Some(spec) = &pod.spec else {
         return BTreeMap::new();
     };
@@ -96,11 +114,11 @@ pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
         from.map(|m| {
             m.iter()
                 .filter_map(|(k, v)| {
-                    let instance = k.strip_prefix(RESOURCE_PREFIX)?;
+                    let instance = key(k)?;
                     // Beyond u32: more than any node has, not nothing.
                     let n = v.0.trim().parse::<u64>().ok()?;
                     let n = u32::try_from(n).unwrap_or(u32::MAX);
-                    (n > 0).then(|| (instance.to_owned(), n))
+                    (n > 0).then_some((instance, n))
                 })
                 .collect()
         })
@@ -154,10 +172,11 @@ impl Extender {
     pub async fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let candidates = args.candidates();
         let request = slot_request(&args.pod);
-        if request.is_empty() {
+        let cpus = cpu_request(&args.pod);
+        if request.is_empty() && cpus == 0 {
             return passing(args, &candidates, BTreeMap::new(), BTreeMap::new());
         }
-        match self.decide(&args.pod, request, &candidates).await {
+        match self.decide(&args.pod, request, cpus, &candidates).await {
             Ok(Some(r)) => answer(args, &candidates, &r),
             Ok(None) => {
                 let why = format!(
@@ -217,6 +236,7 @@ impl Extender {
         &self,
         pod: &Pod,
         request: BTreeMap<String, u32>,
+        cpus: u32,
         candidates: &[String],
     ) -> Result<Option<Reservation>, FilterError> {
         let (ns, name, uid) =
@@ -230,7 +250,7 @@ impl Extender {
                 uid: uid.clone(),
             },
             slots: request,
-            exclusive_cpus: 0,
+            exclusive_cpus: cpus,
             candidates: candidates.to_vec(),
             cancel: None,
         };
@@ -240,8 +260,10 @@ impl Extender {
         if let Some(r) = &current {
             let phase = r.status.as_ref().map(|s| s.phase.as_str());
             let stale = r.spec.pod.uid != uid || matches!(phase, Some("Rejected" | "Canceled"));
+            let same_ask =
+                r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
             let decided_here = phase == Some("Reserved")
-                && r.spec.slots == spec.slots
+                && same_ask
                 && r.status
                     .as_ref()
                     .and_then(|s| s.node.as_deref())
@@ -249,7 +271,7 @@ impl Extender {
             if decided_here && answered(r) {
                 return Ok(current);
             }
-            if stale || r.spec.slots != spec.slots {
+            if stale || !same_ask {
                 // Ask anew: a retry may fit now.
                 let dp = DeleteParams {
                     preconditions: r.metadata.uid.clone().map(|u| Preconditions {
@@ -361,7 +383,7 @@ fn answer(args: &ExtenderArgs, candidates: &[String], r: &Reservation) -> Extend
         for c in candidates.iter().filter(|c| **c != node) {
             failed.insert(
                 c.clone(),
-                format!("steward: the pod's slots are reserved on {node}"),
+                format!("steward: the pod's capacity is reserved on {node}"),
             );
         }
         return passing(args, &[node], failed, unresolvable);
@@ -440,6 +462,24 @@ mod tests {
         .unwrap();
         let r = slot_request(&pod);
         assert_eq!(r, BTreeMap::from([("cam".into(), 3), ("mic".into(), 2)]));
+    }
+
+    #[test]
+    fn exclusive_cpus_are_asked_with_their_own_resource() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {"resmgr.steward.dev/exclusive-cpus": "2"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"resmgr.steward.dev/exclusive-cpus": "2", "cpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"resmgr.steward.dev/exclusive-cpus": "1"}}},
+                    {"name": "c", "resources": {"limits": {"cpu": "4", "memory": "1Gi"}}}
+                ]
+            }
+        }))
+        .unwrap();
+        assert_eq!(cpu_request(&pod), 3, "integer cpu alone does not opt in");
+        assert!(slot_request(&pod).is_empty(), "not a steward.dev slot");
     }
 
     #[test]

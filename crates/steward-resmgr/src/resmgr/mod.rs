@@ -78,6 +78,8 @@ pub(crate) struct State {
     rdt: RdtController,
     /// Containers whose last update failed, to retry.
     pending: BTreeSet<String>,
+    /// Exclusive CPUs held for reserved pods (given to every new policy).
+    holds: crate::reservations::Holds,
 }
 
 /// Holds the pipeline lock; see [`ResourceManager::pause_pipeline`].
@@ -100,6 +102,8 @@ pub struct ResourceManager {
     view: std::sync::OnceLock<Arc<steward_podresources::Hub>>,
     /// Where Events on Pods go (cluster mode only).
     pod_events: std::sync::OnceLock<steward_kube::EventSink>,
+    /// Woken after every save of the cache (assignments may have changed).
+    saved: tokio::sync::Notify,
 }
 
 fn policy_err(e: PolicyError) -> ResmgrError {
@@ -163,6 +167,7 @@ impl ResourceManager {
                 blockio,
                 rdt,
                 pending: BTreeSet::new(),
+                holds: crate::reservations::Holds::new(),
             }),
             upstream,
             events,
@@ -172,7 +177,15 @@ impl ResourceManager {
             reports: std::sync::Mutex::new(VecDeque::new()),
             view: std::sync::OnceLock::new(),
             pod_events: std::sync::OnceLock::new(),
+            saved: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Returns after the next save of the cache (or at once when one
+    /// happened since the last call returned): assignments may have
+    /// changed.
+    pub async fn saved(&self) {
+        self.saved.notified().await;
     }
 
     /// Publishes every assignment to `hub` (as the `Cri` source of the node
@@ -235,6 +248,7 @@ impl ResourceManager {
             error!(error = %e, "persisting the cache failed");
             self.metrics.event("cache-save-failed");
         }
+        self.saved.notify_one();
     }
 
     fn report(&self, r: ControlReport) {
@@ -389,7 +403,28 @@ impl ResourceManager {
     /// with the running parameters.
     pub async fn publication(&self) -> crate::cluster::Publication {
         let st = self.state.lock().await;
-        crate::cluster::Publication::new(&st.topology, st.policy.kind(), &st.config.policy.config)
+        crate::cluster::Publication::new(
+            &st.topology,
+            st.policy.kind(),
+            &st.config.policy.config,
+            st.policy.assignments(),
+        )
+    }
+
+    /// The exclusive CPUs held for reserved pods, as last set.
+    pub async fn holds(&self) -> crate::reservations::Holds {
+        self.state.lock().await.holds.clone()
+    }
+
+    /// Exclusive CPUs held on this node for reserved pods not yet here
+    /// (their reservations, [`crate::reservations`]): no other pod's exclusive
+    /// placement takes them from now on (placements already made stay).
+    pub async fn set_holds(&self, holds: crate::reservations::Holds) {
+        let mut st = self.state.lock().await;
+        if st.holds != holds {
+            st.policy.set_holds(holds.clone());
+            st.holds = holds;
+        }
     }
 
     /// The running configuration.

@@ -87,6 +87,7 @@ impl ResourceManager {
             "switching policy"
         );
         st.policy = next;
+        st.policy.set_holds(st.holds.clone());
         st.config.policy.active = kind;
         st.config.policy.config = cfg.clone();
         st.cache.data_mut().policy = kind.as_str().to_owned();
