@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use steward_core::Millis;
@@ -96,7 +97,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 /// What the controller decided.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationStatus {
     /// `Requested`, `Reserved`, `Rejected` or `Canceled`.
@@ -125,7 +126,15 @@ pub struct ReservationStatus {
     /// The spec generation this status answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Standard conditions: `Reserved` (True while capacity is held; its
+    /// reason is the phase, or `Consumed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
 }
+
+/// The condition type of a Reservation holding capacity.
+pub const CONDITION_RESERVED: &str = "Reserved";
 
 /// The wire name of a phase.
 pub fn phase_name(phase: Phase) -> &'static str {
@@ -160,7 +169,40 @@ impl ReservationStatus {
             reason: r.reason.clone(),
             decided_at: r.decided_at.map(|Millis(m)| m),
             observed_generation: generation,
+            conditions: Vec::new(),
         }
+    }
+
+    /// Sets the `Reserved` condition from the phase (`consumed`: the pod
+    /// holds what was reserved), keeping its transition time while its
+    /// status stays.
+    pub fn set_reserved_condition(&mut self, consumed: bool, now: Time) {
+        let (status, reason) = match (consumed, self.phase.as_str()) {
+            (true, _) => ("False", "Consumed"),
+            (false, "Reserved") => ("True", "Reserved"),
+            (false, "") => ("False", "Requested"),
+            (false, p) => ("False", p),
+        };
+        let reason = reason.to_owned();
+        let message = self
+            .reason
+            .clone()
+            .unwrap_or_else(|| match reason.as_str() {
+                "Reserved" => format!(
+                    "held on {}",
+                    self.node.as_deref().unwrap_or("the chosen node")
+                ),
+                _ => "waiting for the controller's decision".to_owned(),
+            });
+        crate::condition::set_condition(
+            &mut self.conditions,
+            CONDITION_RESERVED,
+            status,
+            &reason,
+            &message,
+            self.observed_generation,
+            now,
+        );
     }
 
     /// The slots as a set.

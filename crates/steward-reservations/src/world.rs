@@ -345,7 +345,15 @@ impl World {
             } else {
                 self.invalid(r, generation)
             };
-            let Some(wanted) = wanted else { continue };
+            let Some(mut wanted) = wanted else { continue };
+            if wanted.conditions.is_empty() {
+                wanted.conditions = r
+                    .status
+                    .as_ref()
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default();
+            }
+            wanted.set_reserved_condition(consumed.contains(uid), time(now));
             if r.status.as_ref() != Some(&wanted) {
                 let mut object = r.clone();
                 let from = r.status.as_ref().map(|s| s.phase.clone());
@@ -401,4 +409,13 @@ fn recorded(r: &Reservation, s: &ReservationStatus) -> core::Reservation {
         requested_at: Millis(s.decided_at.unwrap_or(0)),
         decided_at: s.decided_at.map(Millis),
     }
+}
+
+/// `now` as an API timestamp.
+fn time(now: Millis) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    let ms = i64::try_from(now.0).unwrap_or(i64::MAX);
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
 }

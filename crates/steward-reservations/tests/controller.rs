@@ -425,6 +425,11 @@ async fn exclusive_cpus_are_reserved_on_one_numa_node_until_the_node_names_the_p
         (s.node.as_deref(), s.numa_node, s.cpus),
         (Some("n1"), Some(1), 3)
     );
+    let reserved = s.conditions.iter().find(|c| c.type_ == "Reserved").unwrap();
+    assert_eq!(
+        (reserved.status.as_str(), reserved.reason.as_str()),
+        ("True", "Reserved")
+    );
     // 3 more fit no NUMA node of n1 now (2 and 1 left), although n1 has 3 free.
     pod_with_cpu_reservation(&api, "more", &[], 3, &["n2", "n1"]).await;
     let reason = phase_of(&api, "more", "Rejected")
@@ -493,6 +498,11 @@ async fn exclusive_cpus_are_reserved_on_one_numa_node_until_the_node_names_the_p
             .as_deref()
             .is_some_and(|r| r.starts_with("consumed"))
         {
+            let cond = s.conditions.iter().find(|c| c.type_ == "Reserved").unwrap();
+            assert_eq!(
+                (cond.status.as_str(), cond.reason.as_str()),
+                ("False", "Consumed")
+            );
             break;
         }
         assert!(

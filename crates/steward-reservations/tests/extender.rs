@@ -396,3 +396,96 @@ async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus(
     let st = res.status.unwrap();
     assert_eq!((st.node.as_deref(), st.numa_node), (Some("n2"), Some(1)));
 }
+
+#[tokio::test]
+async fn reserve_and_unreserve_follow_the_scheduler_framework() {
+    let s = stand(2).await;
+    let pod = pending_pod(&s.api, "p1", 1).await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let r = filter(s.addr, &pod, &["n1", "n2"]).await;
+    let node = r["nodenames"][0].as_str().unwrap().to_owned();
+    let other = if node == "n1" { "n2" } else { "n1" };
+    let verb = |path: &'static str, body: Value| {
+        let addr = s.addr;
+        async move {
+            let (status, text) = http(addr, "POST", path, body.to_string().as_bytes()).await;
+            (status, String::from_utf8_lossy(&text).to_string())
+        }
+    };
+    let p1 = |extra: Value| {
+        let mut v = json!({"namespace": NS, "name": "p1", "uid": uid});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v
+    };
+    // Reserve on the reserved node: confirmed, as often as asked.
+    for _ in 0..2 {
+        let (st, m) = verb("/reserve", p1(json!({"node": node}))).await;
+        assert_eq!(
+            (st, m.trim()),
+            (200, format!("reserved on {node}").as_str())
+        );
+    }
+    let (st, m) = verb("/reserve", p1(json!({"node": other}))).await;
+    assert_eq!(st, 409, "{m}");
+    assert!(
+        m.contains(&format!("reserved on {node}, not {other}")),
+        "{m}"
+    );
+    // Unreserve without a Reservation, or for another pod of that name.
+    let (st, m) = verb(
+        "/unreserve",
+        json!({"namespace": NS, "name": "ghost", "uid": "u-ghost"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{m}");
+    assert!(m.contains("nothing to release"), "{m}");
+    let (st, m) = verb(
+        "/unreserve",
+        json!({"namespace": NS, "name": "p1", "uid": "an-older-p1"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{m}");
+    assert!(m.contains("another pod's"), "{m}");
+    assert_eq!(
+        Api::<Reservation>::namespaced(s.api.client(), NS)
+            .get("p1")
+            .await
+            .unwrap()
+            .spec
+            .cancel,
+        None
+    );
+    // Unreserve: the controller cancels it; again changes nothing.
+    let (st, m) = verb("/unreserve", p1(json!({"reason": "permit timed out"}))).await;
+    assert_eq!(st, 200, "{m}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = Api::<Reservation>::namespaced(s.api.client(), NS)
+            .get("p1")
+            .await
+            .unwrap();
+        let st = r.status.unwrap_or_default();
+        if st.phase == "Canceled" {
+            assert_eq!(st.reason.as_deref(), Some("unreserved: permit timed out"));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never canceled: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (st, m) = verb("/unreserve", p1(json!({}))).await;
+    assert_eq!((st, m.trim()), (200, "already released"));
+    let (st, m) = verb("/reserve", p1(json!({"node": node}))).await;
+    assert_eq!(st, 409, "{m}");
+    assert!(m.contains("Canceled: unreserved: permit timed out"), "{m}");
+    // Bad bodies.
+    let (st, m) = verb("/reserve", p1(json!({}))).await;
+    assert_eq!((st, m.trim()), (400, "reserve needs the node"));
+    let (st, m) = verb("/unreserve", json!({"pod": "p1"})).await;
+    assert_eq!(st, 400, "{m}");
+    assert!(m.contains("unknown field"), "{m}");
+}

@@ -18,10 +18,12 @@
 //!
 //! A retry after Rejected or Canceled asks anew: the old Reservation is
 //! deleted (precondition: its UID) and a fresh one created. Extenders never
-//! hear of a failed binding or of Unreserve; the controller releases a
-//! reservation whose pod bound elsewhere, is gone, or did not consume it
-//! within the TTL.
+//! hear of a failed binding or of Unreserve; a scheduler plugin can call
+//! `/reserve` and `/unreserve` ([`reserve`]), and the controller releases a
+//! reservation whose pod bound elsewhere, is gone, ended, or did not consume
+//! it within the TTL.
 
+pub mod reserve;
 mod seen;
 pub mod server;
 pub mod wire;
@@ -166,6 +168,11 @@ impl Extender {
             seen,
             _watch: watch,
         }
+    }
+
+    /// The API client (Reserve and Unreserve use it as they are).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
     }
 
     /// The filter verb.
@@ -396,7 +403,10 @@ fn answer(args: &ExtenderArgs, candidates: &[String], r: &Reservation) -> Extend
             .map(|w| format!("steward: {w}"))
             .unwrap_or_else(|| format!("steward: {reason}"));
         // No preemption makes a node see a device it does not see.
-        if why.contains("is not seen by") || why.contains("does not exist") {
+        if why.contains("is not seen by")
+            || why.contains("does not exist")
+            || why.contains("no CRI resource manager")
+        {
             unresolvable.insert(c.clone(), why);
         } else {
             failed.insert(c.clone(), why);

@@ -1,6 +1,7 @@
 //! The extender's HTTP endpoint: `POST /filter`, `POST /prioritize` (the
-//! verbs of the `KubeSchedulerConfiguration` in `deploy/scheduler/`) and
-//! `GET /healthz`. A body that is not `ExtenderArgs` gets 400 with the
+//! verbs of the `KubeSchedulerConfiguration` in `deploy/scheduler/`),
+//! `POST /reserve` and `POST /unreserve` for a scheduler plugin
+//! ([`super::reserve`]) and `GET /healthz`. A body that is not `ExtenderArgs` gets 400 with the
 //! parser's reason; other paths 404, other methods 405.
 
 use std::convert::Infallible;
@@ -12,6 +13,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::reserve::{self, Answer, PodVerb};
 use super::{Extender, ExtenderArgs};
 
 /// Largest request body accepted (kube-scheduler sends whole Node objects
@@ -74,7 +76,7 @@ fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
 async fn route(extender: &Extender, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let verb = match path.as_str() {
-        "/filter" | "/prioritize" => path.clone(),
+        "/filter" | "/prioritize" | "/reserve" | "/unreserve" => path.clone(),
         "/healthz" if req.method() == Method::GET => {
             return text(StatusCode::OK, "ok\n".into());
         }
@@ -98,6 +100,9 @@ async fn route(extender: &Extender, req: Request<Incoming>) -> Response<Full<Byt
             );
         }
     };
+    if verb == "/reserve" || verb == "/unreserve" {
+        return pod_verb(extender, &verb, &body).await;
+    }
     let args: ExtenderArgs = match serde_json::from_slice(&body) {
         Ok(a) => a,
         Err(e) => {
@@ -111,5 +116,32 @@ async fn route(extender: &Extender, req: Request<Incoming>) -> Response<Full<Byt
         json(&extender.filter(&args).await)
     } else {
         json(&extender.prioritize(&args).await)
+    }
+}
+
+async fn pod_verb(extender: &Extender, verb: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let v: PodVerb = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not {{namespace, name, uid, node | reason}}: {e}\n"),
+            );
+        }
+    };
+    let client = extender.client();
+    let answer = if verb == "/reserve" {
+        reserve::reserve(client, &v).await
+    } else {
+        reserve::unreserve(client, &v).await
+    };
+    match answer {
+        Ok(Answer::Ok(m)) => text(StatusCode::OK, format!("{m}\n")),
+        Ok(Answer::Refused(m)) => text(StatusCode::CONFLICT, format!("{m}\n")),
+        Ok(Answer::Bad(m)) => text(StatusCode::BAD_REQUEST, format!("{m}\n")),
+        Err(e) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("reading or writing the pod's Reservation failed: {e}\n"),
+        ),
     }
 }
