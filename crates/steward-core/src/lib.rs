@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod discovery;
+pub mod dra;
 pub mod ledger;
 pub mod reservation;
 pub mod slots;

@@ -62,6 +62,11 @@ pub struct ReservationInfo {
     pub phase: String,
     pub node: Option<String>,
     pub slots: Vec<String>,
+    /// Exclusive CPUs held, on NUMA node `numa_node` of `node`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
     pub reason: Option<String>,
 }
 
@@ -145,6 +150,8 @@ pub fn explain(pod: &Pod, claims: &[SlotClaim], reservation: Option<&Reservation
                 phase: s.phase.clone(),
                 node: s.node.clone(),
                 slots: s.slots.clone(),
+                cpus: s.numa_node.map(|_| s.cpus),
+                numa_node: s.numa_node,
                 reason: s.reason.clone(),
             })
         }),
@@ -215,8 +222,12 @@ pub fn render(e: &Explanation, now_ms: i64) -> String {
             if let Some(n) = &r.node {
                 let _ = write!(line, " on {n}");
             }
-            if !r.slots.is_empty() {
-                let _ = write!(line, " ({})", r.slots.join(", "));
+            let mut held = r.slots.clone();
+            if let (Some(n), Some(k)) = (r.cpus, r.numa_node) {
+                held.push(format!("{n} exclusive CPUs on NUMA node {k}"));
+            }
+            if !held.is_empty() {
+                let _ = write!(line, " ({})", held.join(", "));
             }
             if let Some(why) = &r.reason {
                 let _ = write!(line, ": {why}");
@@ -407,5 +418,22 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("Reservation:  <none>"), "{text}");
+
+        let r: Reservation = serde_json::from_value(serde_json::json!({
+            "apiVersion": "steward.dev/v1alpha1", "kind": "Reservation",
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"pod": {"namespace": "apps", "name": "web", "uid": "u-web"},
+                     "slots": {"cam-a": 2}, "exclusiveCpus": 4, "candidates": ["node-a"]},
+            "status": {"phase": "Reserved", "node": "node-a", "slots": ["cam-a-0", "cam-a-1"],
+                       "cpus": 4, "numaNode": 1},
+        }))
+        .unwrap();
+        let text = render(&explain(&pod, &[], Some(&r)), 0);
+        assert!(
+            text.contains(
+                "Reservation:  Reserved on node-a (cam-a-0, cam-a-1, 4 exclusive CPUs on NUMA node 1)"
+            ),
+            "{text}"
+        );
     }
 }

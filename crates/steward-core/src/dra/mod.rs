@@ -1,0 +1,32 @@
+//! Dynamic Resource Allocation: what steward publishes about the devices
+//! its discovery handlers find, as `resource.k8s.io/v1` ResourceSlices of
+//! the driver [`DRIVER`]. Pure: the adapter writes what this computes.
+//!
+//! **One ledger.** A DRA device *is* a device-plugin slot: slot `n` of
+//! Instance `i` is the device named [`device_name`]`(i, n)` (the slot id
+//! itself when it is a DNS label), so a device handed out on one path is
+//! held in the same slot ledger the other path checks.
+//!
+//! **Pools.** Devices only this node sees are one pool named after the node
+//! (`nodeName` slices). A shared Instance (seen by several nodes) is a pool
+//! of its own whose slices select those nodes (`nodeSelector` on
+//! `kubernetes.io/hostname`), so a device seen by three nodes is one device,
+//! not three; exactly one of its nodes writes it ([`writer`]).
+//!
+//! **Slices.** At most [`MAX_DEVICES_PER_SLICE`] devices per slice, every
+//! slice of a pool carrying the pool's generation and slice count; the
+//! generation moves when the pool's content does ([`next_generation`]).
+
+mod attributes;
+#[cfg(test)]
+mod proptests;
+mod slices;
+
+pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
+pub use slices::{
+    DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, device_name,
+    next_generation, plan, writer,
+};
+
+/// The driver name of every device steward publishes.
+pub const DRIVER: &str = "steward.dev";

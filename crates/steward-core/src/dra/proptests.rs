@@ -1,0 +1,81 @@
+//! Properties of the slice plan over arbitrary Instances and nodes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+const NODES: [&str; 4] = ["n1", "n2", "n3", "node-with-a-longer-name.example"];
+
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z][a-z0-9-]{0,12}[a-z0-9]",
+        "[a-z]{1,8}(\\.[a-z]{1,8}){1,3}",
+        "[a-z]{60,90}",
+    ]
+}
+
+fn instance() -> impl Strategy<Value = DraInstance> {
+    (
+        name(),
+        0u32..200,
+        proptest::collection::btree_set(0..NODES.len(), 0..=4),
+        proptest::collection::btree_map("[A-Za-z_.][A-Za-z0-9_.]{0,40}", "[ -~]{0,80}", 0..40),
+    )
+        .prop_map(|(name, capacity, nodes, properties)| DraInstance {
+            name,
+            configuration: "cfg".into(),
+            capacity,
+            nodes: nodes.into_iter().map(|n| NODES[n].to_owned()).collect(),
+            properties,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_slot_is_published_once_by_one_node_within_the_api_limits(
+        instances in proptest::collection::btree_map(name(), instance(), 0..6)
+    ) {
+        // Instance names are unique.
+        let instances: Vec<DraInstance> = instances
+            .into_iter()
+            .map(|(n, mut i)| { i.name = n; i })
+            .collect();
+        let mut seen: BTreeMap<String, (&str, String)> = BTreeMap::new();
+        let mut names: BTreeMap<String, String> = BTreeMap::new();
+        for node in NODES {
+            let (slices, _) = plan(node, &instances);
+            let mut pools: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+            for s in &slices {
+                prop_assert!(!s.devices.is_empty() && s.devices.len() <= MAX_DEVICES_PER_SLICE);
+                prop_assert!(s.pool.len() <= 253);
+                prop_assert!(pools.entry(s.pool.as_str()).or_default().insert(s.index));
+                for d in &s.devices {
+                    prop_assert!(d.attributes.len() <= MAX_ATTRIBUTES);
+                    prop_assert!(d.name.len() <= 63 && !d.name.contains('.'), "{}", d.name);
+                    prop_assert!(seen.insert(d.slot.clone(), (node, s.pool.clone())).is_none(),
+                        "{} published twice", d.slot);
+                    if let Some(other) = names.insert(d.name.clone(), d.slot.clone()) {
+                        prop_assert_eq!(&other, &d.slot, "two slots share device name {}", d.name);
+                    }
+                    let inst = instances.iter().find(|i| i.name == d.instance)
+                        .ok_or_else(|| TestCaseError::fail("a device of no Instance"))?;
+                    prop_assert!(inst.nodes.contains(node), "{node} publishes {} it does not see", d.slot);
+                    match &s.scope {
+                        PoolScope::Node(n) => prop_assert!(n == node && inst.nodes.len() == 1),
+                        PoolScope::Nodes(ns) => prop_assert!(ns == &inst.nodes && writer(inst) == Some(node)),
+                    }
+                }
+            }
+            // Every slice of a pool knows the pool's slice count.
+            for s in &slices {
+                prop_assert_eq!(s.count, pools[s.pool.as_str()].len());
+            }
+        }
+        let expected: usize = instances.iter().filter(|i| !i.nodes.is_empty()).map(|i| i.capacity as usize).sum();
+        prop_assert_eq!(seen.len(), expected, "a slot of a seen Instance is missing");
+    }
+}

@@ -1,0 +1,262 @@
+//! Which ResourceSlices a node writes, and what is in them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::attributes::{Attribute, attributes_of};
+use crate::discovery::instances::fnv1a64;
+use crate::reservation::slot_id;
+
+/// Most devices the API allows in one ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Longest DNS label (a device name).
+const MAX_LABEL: usize = 63;
+/// Longest pool name.
+const MAX_POOL: usize = 253;
+
+/// An Instance as DRA needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraInstance {
+    pub name: String,
+    pub configuration: String,
+    /// Slots `0..capacity`: one device each.
+    pub capacity: u32,
+    /// The nodes that see the device.
+    pub nodes: BTreeSet<String>,
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Where a pool's devices can be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolScope {
+    /// One node (`spec.nodeName`).
+    Node(String),
+    /// Any of these nodes (`spec.nodeSelector` on `kubernetes.io/hostname`).
+    Nodes(BTreeSet<String>),
+}
+
+/// One device: a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceDevice {
+    /// The DRA device name ([`device_name`]).
+    pub name: String,
+    /// The Instance and the slot id it is (`<instance>-<n>`).
+    pub instance: String,
+    pub slot: String,
+    pub attributes: BTreeMap<String, Attribute>,
+}
+
+/// One ResourceSlice to write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlicePlan {
+    pub pool: String,
+    pub scope: PoolScope,
+    /// This slice's place in the pool, and how many slices the pool has.
+    pub index: usize,
+    pub count: usize,
+    pub devices: Vec<SliceDevice>,
+}
+
+/// The node that writes a shared Instance's pool: the first of its nodes
+/// by name (any node computes the same answer; when it goes, the next one
+/// takes over).
+pub fn writer(instance: &DraInstance) -> Option<&str> {
+    instance.nodes.iter().next().map(String::as_str)
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// The DRA device name of slot `n` of `instance`: the slot id when it is a
+/// DNS label, else a prefix of it with a hash of the Instance name (dots
+/// become dashes), still ending in `-<n>`.
+pub fn device_name(instance: &str, n: u32) -> String {
+    let id = slot_id(instance, n);
+    if is_dns_label(&id) {
+        return id;
+    }
+    let hash = fnv1a64(&[instance.as_bytes()]);
+    let tail = format!("-{hash:016x}-{n}");
+    let head: String = instance
+        .chars()
+        .map(|c| if c == '.' { '-' } else { c })
+        .take(MAX_LABEL - tail.len())
+        .collect();
+    let head = head.trim_end_matches('-');
+    if head.is_empty() {
+        format!("d{tail}")
+    } else {
+        format!("{head}{tail}")
+    }
+}
+
+/// The pool of a shared Instance.
+fn shared_pool(instance: &str) -> String {
+    let name = format!("shared/{instance}");
+    if name.len() <= MAX_POOL {
+        return name;
+    }
+    let hash = fnv1a64(&[instance.as_bytes()]);
+    let head: String = instance.chars().take(200).collect();
+    format!("shared/{}-{hash:016x}", head.trim_end_matches(['-', '.']))
+}
+
+/// The slices `node` writes for `instances`: its own pool (Instances only
+/// it sees) and the pools of the shared Instances it is the [`writer`] of.
+/// Also returns what was left out, one line each (property names that
+/// cannot be attributes).
+pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<String>) {
+    let mut pools: BTreeMap<String, (PoolScope, Vec<SliceDevice>)> = BTreeMap::new();
+    let mut notes = Vec::new();
+    for inst in instances {
+        let shared = inst.nodes.len() > 1;
+        let (pool, scope) = if !inst.nodes.contains(node) {
+            continue;
+        } else if shared {
+            if writer(inst) != Some(node) {
+                continue;
+            }
+            (
+                shared_pool(&inst.name),
+                PoolScope::Nodes(inst.nodes.clone()),
+            )
+        } else {
+            (node.to_owned(), PoolScope::Node(node.to_owned()))
+        };
+        let mut fixed = BTreeMap::from([("shared".to_owned(), Attribute::Bool(shared))]);
+        for (k, v) in [
+            ("configuration", &inst.configuration),
+            ("instance", &inst.name),
+        ] {
+            if v.len() <= 64 {
+                fixed.insert(k.to_owned(), Attribute::String(v.clone()));
+            }
+        }
+        let (base, skipped) = attributes_of(fixed, &inst.properties);
+        for (k, why) in skipped {
+            notes.push(format!(
+                "{}: property {k} is not published: {why}",
+                inst.name
+            ));
+        }
+        let entry = pools.entry(pool).or_insert_with(|| (scope, Vec::new()));
+        for n in 0..inst.capacity {
+            let mut attributes = base.clone();
+            if attributes.len() < super::MAX_ATTRIBUTES {
+                attributes.insert("slot".into(), Attribute::Int(i64::from(n)));
+            }
+            entry.1.push(SliceDevice {
+                name: device_name(&inst.name, n),
+                instance: inst.name.clone(),
+                slot: slot_id(&inst.name, n),
+                attributes,
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for (pool, (scope, mut devices)) in pools {
+        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        let chunks: Vec<Vec<SliceDevice>> = devices
+            .chunks(MAX_DEVICES_PER_SLICE)
+            .map(<[SliceDevice]>::to_vec)
+            .collect();
+        let count = chunks.len().max(1);
+        if chunks.is_empty() {
+            continue;
+        }
+        for (index, devices) in chunks.into_iter().enumerate() {
+            out.push(SlicePlan {
+                pool: pool.clone(),
+                scope: scope.clone(),
+                index,
+                count,
+                devices,
+            });
+        }
+    }
+    (out, notes)
+}
+
+/// A pool's generation: 1 at first, the same while its slices are the same,
+/// one more when they change (consumers ignore slices of older
+/// generations).
+pub fn next_generation(current: Option<i64>, unchanged: bool) -> i64 {
+    match current {
+        None => 1,
+        Some(g) if unchanged => g,
+        Some(g) => g.saturating_add(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(name: &str, capacity: u32, nodes: &[&str]) -> DraInstance {
+        DraInstance {
+            name: name.into(),
+            configuration: "cams".into(),
+            capacity,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            properties: BTreeMap::from([("DEVNODE".into(), "/dev/video0".into())]),
+        }
+    }
+
+    #[test]
+    fn local_devices_share_the_node_pool_and_a_shared_one_is_written_once() {
+        let all = [
+            inst("cam-a", 2, &["n1"]),
+            inst("cam-b", 1, &["n1"]),
+            inst("cam-s", 2, &["n1", "n2", "n3"]),
+            inst("cam-c", 1, &["n2"]),
+        ];
+        let (n1, notes) = plan("n1", &all);
+        assert!(notes.is_empty(), "{notes:?}");
+        let pools: Vec<(&str, usize)> = n1
+            .iter()
+            .map(|s| (s.pool.as_str(), s.devices.len()))
+            .collect();
+        assert_eq!(pools, [("n1", 3), ("shared/cam-s", 2)]);
+        assert_eq!(
+            n1[1].scope,
+            PoolScope::Nodes(["n1", "n2", "n3"].iter().map(|s| s.to_string()).collect())
+        );
+        let (n2, _) = plan("n2", &all);
+        assert_eq!(n2.len(), 1, "n2 writes only its own pool: {n2:?}");
+        assert_eq!(n2[0].scope, PoolScope::Node("n2".into()));
+        let d = &n1[0].devices[0];
+        assert_eq!((d.name.as_str(), d.slot.as_str()), ("cam-a-0", "cam-a-0"));
+        assert_eq!(
+            d.attributes["DEVNODE"],
+            Attribute::String("/dev/video0".into())
+        );
+        assert_eq!(d.attributes["slot"], Attribute::Int(0));
+        assert_eq!(d.attributes["shared"], Attribute::Bool(false));
+    }
+
+    #[test]
+    fn big_pools_are_split_and_long_names_hashed_into_labels() {
+        let (slices, _) = plan("n1", &[inst("many", 300, &["n1"])]);
+        let sizes: Vec<(usize, usize, usize)> = slices
+            .iter()
+            .map(|s| (s.index, s.count, s.devices.len()))
+            .collect();
+        assert_eq!(sizes, [(0, 3, 128), (1, 3, 128), (2, 3, 44)]);
+        let long = format!("cams.example.{}", "x".repeat(80));
+        let a = device_name(&long, 7);
+        assert!(is_dns_label(&a) && a.ends_with("-7"), "{a}");
+        assert_ne!(a, device_name(&format!("{long}y"), 7));
+        assert_eq!(device_name("cam", 1), "cam-1");
+        assert_eq!(next_generation(None, false), 1);
+        assert_eq!(next_generation(Some(4), true), 4);
+        assert_eq!(next_generation(Some(4), false), 5);
+    }
+}
