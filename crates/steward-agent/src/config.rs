@@ -93,6 +93,9 @@ pub struct AgentConfig {
     /// How long to wait at start for the node store while another agent
     /// (a previous one still stopping) holds it.
     pub store_wait: Duration,
+    /// Publish the node's devices as `resource.k8s.io/v1` ResourceSlices
+    /// (Kubernetes mode only; [`crate::dra`]).
+    pub dra_slices: bool,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -115,6 +118,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("network_handler_cidrs", &self.network_handler_cidrs)
             .field("timings", &self.timings)
             .field("device_plugins", &self.device_plugins)
+            .field("dra_slices", &self.dra_slices)
             .finish()
     }
 }
@@ -142,6 +146,7 @@ impl AgentConfig {
             pod_resources: None,
             readiness: steward_nodeio::Readiness::new(),
             store_wait: Duration::from_secs(60),
+            dra_slices: false,
         }
     }
 

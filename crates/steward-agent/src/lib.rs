@@ -12,6 +12,7 @@ mod config;
 mod controller;
 pub mod deviceplugin;
 mod discovery;
+pub mod dra;
 mod error;
 pub mod events;
 pub mod local_api;
@@ -89,6 +90,7 @@ pub async fn run(
     };
     let hub = view.as_ref().map(|(hub, _)| hub.clone());
     let mut plugins = None;
+    let mut dra_task = None;
     // Standalone: the read API holds the store; awaited at the end so the
     // store is free when `run` returns.
     let mut local_api = None;
@@ -99,6 +101,13 @@ pub async fn run(
             background.push(events_task);
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+            if cfg.dra_slices {
+                dra_task = Some(AbortOnDropHandle::new(tokio::spawn(dra::publish(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                    stop.clone(),
+                ))));
+            }
             if let Some(dp) = &cfg.device_plugins {
                 plugins = Some(AbortOnDropHandle::new(tokio::spawn(device_plugins(
                     &cfg,
@@ -174,6 +183,10 @@ pub async fn run(
     }
     if let Some(task) = local_api {
         // Ends on the stop signal, after its connections.
+        deviceplugin::finish_task(task, std::time::Duration::from_secs(5)).await;
+    }
+    if let Some(task) = dra_task {
+        // Bounded: it deletes this node's ResourceSlices on the stop signal.
         deviceplugin::finish_task(task, std::time::Duration::from_secs(5)).await;
     }
     if let Some(task) = plugins {

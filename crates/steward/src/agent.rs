@@ -73,6 +73,11 @@ pub struct AgentArgs {
     /// handlers must register unix sockets.
     #[arg(long = "network-handler-cidr", value_name = "CIDR")]
     network_handler_cidrs: Vec<steward_discovery::policy::Cidr>,
+    /// Also publish this node's devices as resource.k8s.io/v1 ResourceSlices
+    /// of the driver steward.dev (Kubernetes mode; one device per slot; the
+    /// DRA kubelet plugin is not part of this build yet).
+    #[arg(long, conflicts_with = "standalone")]
+    dra_resource_slices: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +133,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
+    cfg.dra_slices = args.dra_resource_slices;
     let mut registry = prometheus_client::registry::Registry::default();
     if let Some(socket) = args.pod_resources_socket {
         let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(socket);

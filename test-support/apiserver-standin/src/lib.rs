@@ -12,6 +12,7 @@
 //! See the crate README for the implemented semantics and the explicit gaps.
 
 pub mod client;
+pub mod dra;
 mod error;
 pub mod kubectl;
 mod openapi;
@@ -188,6 +189,14 @@ impl ApiServer {
     /// a second per process, which tests that never install a chart skip.
     pub fn serve_workloads(&self) {
         for rt in workloads::kinds() {
+            self.register(rt);
+        }
+    }
+
+    /// Also serves `resource.k8s.io/v1` ResourceSlices, DeviceClasses and
+    /// ResourceClaims ([`dra`]).
+    pub fn serve_dra(&self) {
+        for rt in dra::kinds() {
             self.register(rt);
         }
     }

@@ -36,7 +36,7 @@ fn schema_of<T: JsonSchema>() -> Option<Value> {
     Some(schema)
 }
 
-fn kind<T: JsonSchema>(
+pub(crate) fn kind<T: JsonSchema>(
     group: &str,
     kind: &str,
     plural: &str,

@@ -98,6 +98,13 @@ pub fn device_name(instance: &str, n: u32) -> String {
     }
 }
 
+/// The object name of slice `index` of `pool`: the same whichever node
+/// writes it (a shared pool changes writer by update, not by a second
+/// copy).
+pub fn slice_name(pool: &str, index: usize) -> String {
+    format!("steward-{:016x}-{index}", fnv1a64(&[pool.as_bytes()]))
+}
+
 /// The pool of a shared Instance.
 fn shared_pool(instance: &str) -> String {
     let name = format!("shared/{instance}");

@@ -1,0 +1,348 @@
+//! Publishing this node's devices as `resource.k8s.io/v1` ResourceSlices
+//! (driver `steward.dev`): the adapter of [`steward_core::dra::plan`].
+//!
+//! Follows every Instance; after each change writes the slices this node
+//! is responsible for — its own pool and the pools of the shared Instances
+//! it is the writer of — and deletes the ones it wrote that are no longer
+//! wanted. Writes are proportional to change: a slice whose content did not
+//! change is not written, and a pool's generation moves only when one of
+//! its slices changes. A shared pool that changes writer (its first node
+//! went) is taken over by update: the slice names do not depend on the
+//! writer, and a node deletes a slice only if it is still the one that
+//! wrote it (the resourceVersion it last saw). On shutdown the node's own
+//! slices are deleted.
+//!
+//! Not here yet: DeviceClasses per Configuration, the kubelet plugin
+//! (NodePrepareResources), ownerReferences to the Node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::watcher;
+use steward_api::Instance;
+use steward_core::dra::{
+    Attribute, DRIVER, DraInstance, PoolScope, SlicePlan, next_generation, plan, slice_name,
+};
+use steward_kube::{Change, follow};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Label naming the node that wrote a slice (a hash when the node name is
+/// not a valid label value).
+pub const WRITER_LABEL: &str = "steward.dev/writer";
+
+/// How long a failed write waits before the slices are synced again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The value of [`WRITER_LABEL`] for `node`.
+pub fn writer_label(node: &str) -> String {
+    let ok = node.len() <= 63
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        node.to_owned()
+    } else {
+        // Node names are DNS subdomains; a long one is cut and kept unique
+        // by the slice names, which do not depend on it.
+        node.chars()
+            .take(63)
+            .collect::<String>()
+            .trim_end_matches(['-', '.'])
+            .to_owned()
+    }
+}
+
+fn attribute(a: &Attribute) -> DeviceAttribute {
+    let mut out = DeviceAttribute::default();
+    match a {
+        Attribute::String(s) => out.string = Some(s.clone()),
+        Attribute::Int(n) => out.int = Some(*n),
+        Attribute::Bool(b) => out.bool = Some(*b),
+        Attribute::Version(v) => out.version = Some(v.clone()),
+    }
+    out
+}
+
+/// The spec of one planned slice at `generation`.
+fn spec(p: &SlicePlan, generation: i64) -> ResourceSliceSpec {
+    let (node_name, node_selector) = match &p.scope {
+        PoolScope::Node(n) => (Some(n.clone()), None),
+        PoolScope::Nodes(ns) => (
+            None,
+            Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".into(),
+                        operator: "In".into(),
+                        values: Some(ns.iter().cloned().collect()),
+                    }]),
+                    ..NodeSelectorTerm::default()
+                }],
+            }),
+        ),
+    };
+    ResourceSliceSpec {
+        driver: DRIVER.into(),
+        pool: ResourcePool {
+            name: p.pool.clone(),
+            generation,
+            resource_slice_count: i64::try_from(p.count).unwrap_or(i64::MAX),
+        },
+        node_name,
+        node_selector,
+        devices: Some(
+            p.devices
+                .iter()
+                .map(|d| Device {
+                    name: d.name.clone(),
+                    attributes: Some(
+                        d.attributes
+                            .iter()
+                            .map(|(k, v)| (k.clone(), attribute(v)))
+                            .collect(),
+                    ),
+                    ..Device::default()
+                })
+                .collect(),
+        ),
+        ..ResourceSliceSpec::default()
+    }
+}
+
+/// The spec with the pool generation zeroed (content comparison).
+fn content(s: &ResourceSliceSpec) -> ResourceSliceSpec {
+    let mut s = s.clone();
+    s.pool.generation = 0;
+    s
+}
+
+/// The slices one node has written, as last seen.
+pub struct SlicePublisher {
+    api: Api<ResourceSlice>,
+    node: String,
+    label: String,
+    /// slice name → the object as written (its resourceVersion).
+    written: Option<BTreeMap<String, ResourceSlice>>,
+}
+
+impl SlicePublisher {
+    pub fn new(client: kube::Client, node: &str) -> Self {
+        Self {
+            api: Api::all(client),
+            node: node.to_owned(),
+            label: writer_label(node),
+            written: None,
+        }
+    }
+
+    /// What this node wrote earlier (read once, then kept up to date by
+    /// its own writes).
+    async fn load(&mut self) -> Result<&mut BTreeMap<String, ResourceSlice>, kube::Error> {
+        if self.written.is_none() {
+            let lp = ListParams::default().labels(&format!("{WRITER_LABEL}={}", self.label));
+            let mine = self
+                .api
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .filter(|s| s.spec.driver == DRIVER)
+                .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+                .collect();
+            self.written = Some(mine);
+        }
+        Ok(self.written.get_or_insert_with(BTreeMap::new))
+    }
+
+    /// Makes the slices written by this node what `plans` says; returns
+    /// how many objects were written or deleted.
+    pub async fn sync(&mut self, plans: &[SlicePlan]) -> Result<usize, kube::Error> {
+        let label = self.label.clone();
+        let api = self.api.clone();
+        let written = self.load().await?;
+        // A slice wanted here that another node wrote (a shared pool whose
+        // writer changed) is adopted: its generation and content count.
+        for p in plans {
+            let name = slice_name(&p.pool, p.index);
+            if !written.contains_key(&name)
+                && let Some(old) = api.get_opt(&name).await?
+            {
+                written.insert(name, old);
+            }
+        }
+        // Generations per pool: kept while every slice of the pool is the
+        // same, else one more than the highest seen.
+        let mut wanted: BTreeMap<String, ResourceSliceSpec> = BTreeMap::new();
+        let mut by_pool: BTreeMap<&str, Vec<&SlicePlan>> = BTreeMap::new();
+        for p in plans {
+            by_pool.entry(p.pool.as_str()).or_default().push(p);
+        }
+        for (pool, slices) in by_pool {
+            let current: Vec<&ResourceSlice> = written
+                .values()
+                .filter(|s| s.spec.pool.name == pool)
+                .collect();
+            let highest = current.iter().map(|s| s.spec.pool.generation).max();
+            let unchanged = current.len() == slices.len()
+                && slices.iter().all(|p| {
+                    written
+                        .get(&slice_name(&p.pool, p.index))
+                        .is_some_and(|s| content(&s.spec) == content(&spec(p, 0)))
+                });
+            let generation = next_generation(highest, unchanged);
+            for p in slices {
+                wanted.insert(slice_name(&p.pool, p.index), spec(p, generation));
+            }
+        }
+        let mut writes = 0;
+        for (name, spec) in &wanted {
+            if written.get(name).is_some_and(|s| &s.spec == spec) {
+                continue;
+            }
+            let mut obj = ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(BTreeMap::from([(WRITER_LABEL.to_owned(), label.clone())])),
+                    ..ObjectMeta::default()
+                },
+                spec: spec.clone(),
+            };
+            let stored = match written.get(name) {
+                Some(old) => {
+                    obj.metadata.resource_version = old.metadata.resource_version.clone();
+                    api.replace(name, &PostParams::default(), &obj).await
+                }
+                // Created meanwhile by another node: a 409, read again next
+                // time.
+                None => api.create(&PostParams::default(), &obj).await,
+            };
+            match stored {
+                Ok(s) => {
+                    written.insert(name.clone(), s);
+                    writes += 1;
+                }
+                Err(e) => {
+                    // Read again next time: someone else changed it.
+                    written.remove(name);
+                    return Err(e);
+                }
+            }
+        }
+        let stale: Vec<String> = written
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in stale {
+            let rv = written
+                .get(&name)
+                .and_then(|s| s.metadata.resource_version.clone());
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: None,
+                    resource_version: rv,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => writes += 1,
+                // Gone, or taken over by the pool's new writer: not ours.
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+            written.remove(&name);
+        }
+        if writes > 0 {
+            debug!(node = %self.node, writes, "ResourceSlices synced");
+        }
+        Ok(writes)
+    }
+}
+
+fn dra_instance(i: &Instance) -> (String, DraInstance) {
+    let name = i.metadata.name.clone().unwrap_or_default();
+    (
+        format!("{}/{name}", i.metadata.namespace.as_deref().unwrap_or("")),
+        DraInstance {
+            name,
+            configuration: i.spec.configuration_name.clone(),
+            capacity: i.spec.capacity,
+            nodes: i.spec.nodes.iter().cloned().collect(),
+            properties: i.spec.properties.clone(),
+        },
+    )
+}
+
+/// Publishes `node`'s ResourceSlices until `stop`, then deletes the ones it
+/// wrote.
+pub async fn publish(client: kube::Client, node: String, stop: CancellationToken) {
+    let mut changes = std::pin::pin!(follow(
+        Api::<Instance>::all(client.clone()),
+        watcher::Config::default()
+    ));
+    let mut instances: BTreeMap<String, DraInstance> = BTreeMap::new();
+    let mut listed = false;
+    let mut publisher = SlicePublisher::new(client, &node);
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut noted: Vec<String> = Vec::new();
+    loop {
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = retry => {}
+            change = changes.next() => match change {
+                Some(Change::Relisted(all)) => {
+                    instances = all.iter().map(dra_instance).collect();
+                    listed = true;
+                }
+                Some(Change::Applied(i)) => {
+                    let (k, v) = dra_instance(&i);
+                    instances.insert(k, v);
+                }
+                Some(Change::Deleted(i)) => {
+                    instances.remove(&dra_instance(&i).0);
+                }
+                Some(Change::Interrupted(e)) => {
+                    warn!(error = %e, "the Instance watch for ResourceSlices failed; retrying");
+                    continue;
+                }
+                None => break,
+            },
+        }
+        if !listed {
+            continue;
+        }
+        let all: Vec<DraInstance> = instances.values().cloned().collect();
+        let (plans, notes) = plan(&node, &all);
+        if notes != noted {
+            for n in &notes {
+                info!(node = %node, "{n}");
+            }
+            noted = notes;
+        }
+        retry_at = match publisher.sync(&plans).await {
+            Ok(_) => None,
+            Err(e) => {
+                warn!(error = %e, "writing ResourceSlices failed; retrying");
+                Some(tokio::time::Instant::now() + RETRY)
+            }
+        };
+    }
+    match publisher.sync(&[]).await {
+        Ok(n) => info!(node = %node, deleted = n, "ResourceSlices of this node removed"),
+        Err(e) => warn!(error = %e, "removing this node's ResourceSlices failed"),
+    }
+}

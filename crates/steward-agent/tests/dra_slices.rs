@@ -1,0 +1,275 @@
+//! Two nodes' agents publishing ResourceSlices against the API server
+//! stand-in: a pool per node, a shared Instance published once, writes only
+//! on change with the pool generation moving, a shared pool handed over to
+//! its next writer, and a node's slices removed when its agent stops.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use steward_agent::dra::{WRITER_LABEL, publish};
+use steward_api::{Instance, InstanceSpec};
+use steward_testing_apiserver::ApiServer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+
+struct Agent {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Agent {
+    fn start(api: &ApiServer, node: &str) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(publish(api.client(), node.to_owned(), stop.clone()));
+        Self { stop, task }
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        (&mut self.task).await.unwrap();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn spec(capacity: u32, nodes: &[&str]) -> InstanceSpec {
+    InstanceSpec {
+        configuration_name: "cams".into(),
+        device_id: "d".into(),
+        shared: nodes.len() > 1,
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        capacity,
+        properties: BTreeMap::from([
+            ("DEVNODE".into(), "/dev/video0".into()),
+            ("FIRMWARE".into(), "1.4.2".into()),
+            ("not.an.identifier".into(), "x".into()),
+        ]),
+        mounts: Vec::new(),
+        device_specs: Vec::new(),
+        cdi_name: String::new(),
+    }
+}
+
+async fn put(api: &ApiServer, name: &str, s: InstanceSpec) {
+    let instances = Api::<Instance>::namespaced(api.client(), NS);
+    match instances.get_opt(name).await.unwrap() {
+        Some(mut i) => {
+            i.spec = s;
+            instances
+                .replace(name, &PostParams::default(), &i)
+                .await
+                .unwrap();
+        }
+        None => {
+            instances
+                .create(&PostParams::default(), &Instance::new(name, s))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// pool → (generation, writer, devices) of every slice in the API.
+async fn pools(api: &ApiServer) -> BTreeMap<String, (i64, String, Vec<String>)> {
+    let all = Api::<ResourceSlice>::all(api.client())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mut out: BTreeMap<String, (i64, String, Vec<String>)> = BTreeMap::new();
+    for s in all.items {
+        let writer = s
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(WRITER_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let e = out.entry(s.spec.pool.name.clone()).or_insert((
+            s.spec.pool.generation,
+            writer,
+            Vec::new(),
+        ));
+        e.2.extend(
+            s.spec
+                .devices
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| d.name),
+        );
+        e.2.sort();
+    }
+    out
+}
+
+async fn until<T: std::fmt::Debug>(
+    what: &str,
+    mut get: impl AsyncFnMut() -> T,
+    ok: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get().await;
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {what}: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn entry(generation: i64, writer: &str, devices: &[&str]) -> (i64, String, Vec<String>) {
+    (
+        generation,
+        writer.to_owned(),
+        devices.iter().map(|d| d.to_string()).collect(),
+    )
+}
+
+#[tokio::test]
+async fn each_device_is_published_once_and_written_only_on_change() {
+    let api = ApiServer::start().await.unwrap();
+    api.serve_dra();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    put(&api, "cam-a", spec(2, &["n1"])).await;
+    put(&api, "cam-s", spec(2, &["n1", "n2", "n3"])).await;
+    put(&api, "cam-c", spec(1, &["n2"])).await;
+    let n1 = Agent::start(&api, "n1");
+    let n2 = Agent::start(&api, "n2");
+
+    let want = BTreeMap::from([
+        ("n1".to_owned(), entry(1, "n1", &["cam-a-0", "cam-a-1"])),
+        ("n2".to_owned(), entry(1, "n2", &["cam-c-0"])),
+        (
+            "shared/cam-s".to_owned(),
+            entry(1, "n1", &["cam-s-0", "cam-s-1"]),
+        ),
+    ]);
+    until("published", || pools(&api), |p| p == &want).await;
+    let slices = Api::<ResourceSlice>::all(api.client());
+    let all = slices.list(&ListParams::default()).await.unwrap().items;
+    let shared = all
+        .iter()
+        .find(|s| s.spec.pool.name == "shared/cam-s")
+        .unwrap();
+    assert_eq!(shared.spec.node_name, None);
+    let term = &shared
+        .spec
+        .node_selector
+        .as_ref()
+        .unwrap()
+        .node_selector_terms[0];
+    assert_eq!(
+        term.match_fields.as_ref().unwrap()[0].values.as_deref(),
+        Some(&["n1".to_owned(), "n2".to_owned(), "n3".to_owned()][..])
+    );
+    let local = all.iter().find(|s| s.spec.pool.name == "n1").unwrap();
+    assert_eq!(local.spec.node_name.as_deref(), Some("n1"));
+    let attrs = local.spec.devices.as_ref().unwrap()[0]
+        .attributes
+        .clone()
+        .unwrap();
+    assert_eq!(attrs["FIRMWARE"].version.as_deref(), Some("1.4.2"));
+    assert_eq!(attrs["slot"].int, Some(0));
+    assert_eq!(attrs["instance"].string.as_deref(), Some("cam-a"));
+    assert!(!attrs.contains_key("not.an.identifier"));
+    let versions: BTreeMap<String, Option<String>> = all
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap(),
+                s.metadata.resource_version.clone(),
+            )
+        })
+        .collect();
+
+    // cam-a grows: only n1's pool is rewritten, its generation moves.
+    put(&api, "cam-a", spec(3, &["n1"])).await;
+    let got = until(
+        "cam-a grown",
+        || pools(&api),
+        |p| p["n1"] == entry(2, "n1", &["cam-a-0", "cam-a-1", "cam-a-2"]),
+    )
+    .await;
+    assert_eq!(got["shared/cam-s"].0, 1);
+    assert_eq!(got["n2"].0, 1);
+    for s in slices.list(&ListParams::default()).await.unwrap().items {
+        if s.spec.pool.name != "n1" {
+            assert_eq!(
+                versions[s.metadata.name.as_ref().unwrap()],
+                s.metadata.resource_version,
+                "{} rewritten without a change",
+                s.spec.pool.name
+            );
+        }
+    }
+
+    // n1 no longer sees the shared camera: n2 takes its pool over.
+    put(&api, "cam-s", spec(2, &["n2", "n3"])).await;
+    until(
+        "shared pool handed over",
+        || pools(&api),
+        |p| p.get("shared/cam-s").is_some_and(|e| e.1 == "n2"),
+    )
+    .await;
+    // Whether n1 deleted it first (n2 then creates it at generation 1) or
+    // n2 adopted it (generation 2), the pool is whole and selects n2, n3.
+    let shared = slices
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|s| s.spec.pool.name == "shared/cam-s")
+        .unwrap();
+    let term = &shared
+        .spec
+        .node_selector
+        .as_ref()
+        .unwrap()
+        .node_selector_terms[0];
+    assert_eq!(
+        term.match_fields.as_ref().unwrap()[0].values.as_deref(),
+        Some(&["n2".to_owned(), "n3".to_owned()][..])
+    );
+    assert_eq!(shared.spec.pool.resource_slice_count, 1);
+
+    // cam-c goes: n2's own pool goes with it.
+    Api::<Instance>::namespaced(api.client(), NS)
+        .delete("cam-c", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(
+        "n2's pool removed",
+        || pools(&api),
+        |p| !p.contains_key("n2"),
+    )
+    .await;
+
+    // n1's agent stops: its slices go; n2's stay.
+    n1.stop().await;
+    let left = pools(&api).await;
+    assert_eq!(
+        left.keys().collect::<Vec<_>>(),
+        ["shared/cam-s"],
+        "{left:?}"
+    );
+    n2.stop().await;
+    assert!(pools(&api).await.is_empty());
+}
