@@ -12,11 +12,12 @@
 //!
 //! Life of a reservation: `Requested` (the scheduler extender asked, with the
 //! candidate nodes its Filter saw) → [`ReservationLedger::decide`] →
-//! `Reserved` (one node chosen, slots held for the pod, and exclusive
-//! CPUs counted against one NUMA node of it when asked for: [`NodeCpus`]) or `Rejected` (no
-//! candidate can hold it, with the reason). A `Reserved` reservation is
-//! consumed when the pod's own claims hold its slots (the reservation is
-//! then dropped: the claims carry on), and `Canceled` when the scheduler
+//! `Reserved` (one node chosen, slots held for the pod, and exclusive CPUs
+//! counted against one NUMA node of it when asked for: [`NodeCpus`]) or
+//! `Rejected` (no candidate can hold it, with the reason). A `Reserved`
+//! reservation is consumed when the pod's own claims hold its slots and its
+//! node names it among the holders of exclusive CPUs (the reservation is
+//! then dropped: the claims and the pinning carry on), and `Canceled` when the scheduler
 //! unreserves, the pod goes away or binds elsewhere, or its time to live
 //! runs out. `Rejected` and `Canceled` hold nothing; nothing is ever stuck.
 
