@@ -36,6 +36,25 @@ pub mod cri {
     }
 }
 
+/// Kubelet DRA plugin API (`k8s.io.kubelet.pkg.apis.dra.v1`).
+pub mod dra {
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+
+        /// The version kubelet looks for in `PluginInfo.supported_versions`.
+        pub const SERVICE_VERSION: &str = "v1.DRAPlugin";
+        /// `PluginInfo.type` of a DRA plugin.
+        pub const PLUGIN_TYPE: &str = "DRAPlugin";
+    }
+}
+
+/// Kubelet plugin watcher registration (`pluginregistration`, v1).
+pub mod pluginregistration {
+    pub mod v1 {
+        tonic::include_proto!("pluginregistration");
+    }
+}
+
 /// Discovery handler protocol (`v0`), wire-compatible with Akri's.
 pub mod discovery {
     pub mod v0 {
@@ -44,3 +63,47 @@ pub mod discovery {
 }
 
 pub mod uds;
+
+#[cfg(test)]
+mod tests {
+    /// kubelet dials these services by full name: a package or service
+    /// name that drifts from upstream is a plugin kubelet cannot call.
+    #[test]
+    fn kubelet_plugin_services_keep_their_upstream_names() {
+        assert_eq!(
+            super::dra::v1::dra_plugin_server::SERVICE_NAME,
+            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+        );
+        assert_eq!(
+            super::pluginregistration::v1::registration_server::SERVICE_NAME,
+            "pluginregistration.Registration"
+        );
+        assert_eq!(
+            super::deviceplugin::v1beta1::device_plugin_server::SERVICE_NAME,
+            "v1beta1.DevicePlugin"
+        );
+    }
+
+    /// The DRA Device message keeps upstream's field numbers (4 is the CDI
+    /// ids, 5 the optional share id).
+    #[test]
+    fn dra_device_fields_are_numbered_as_upstream() {
+        use prost::Message;
+        let d = super::dra::v1::Device {
+            request_names: vec!["r".into()],
+            pool_name: "p".into(),
+            device_name: "d".into(),
+            cdi_device_ids: vec!["steward.dev/slot=x".into()],
+            share_id: Some("s".into()),
+        };
+        let bytes = d.encode_to_vec();
+        // field 4, wire type 2 → tag 0x22; field 5 → 0x2a.
+        let cdi = bytes.iter().position(|b| *b == 0x22).unwrap_or(usize::MAX);
+        let share = bytes.iter().position(|b| *b == 0x2a).unwrap_or(usize::MAX);
+        assert!(cdi < share && share < bytes.len(), "{bytes:?}");
+        assert_eq!(
+            super::dra::v1::Device::decode(bytes.as_slice()).ok(),
+            Some(d)
+        );
+    }
+}
