@@ -89,6 +89,7 @@ pub struct ReservationSpec {
     pub candidates: Vec<String>,
     /// Set by the scheduler extender on Unreserve: the reason to cancel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub cancel: Option<String>,
 }
 

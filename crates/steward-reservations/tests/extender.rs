@@ -482,6 +482,24 @@ async fn reserve_and_unreserve_follow_the_scheduler_framework() {
     let (st, m) = verb("/reserve", p1(json!({"node": node}))).await;
     assert_eq!(st, 409, "{m}");
     assert!(m.contains("Canceled: unreserved: permit timed out"), "{m}");
+    // A reason of any length is kept to 256 characters.
+    let p2 = pending_pod(&s.api, "p2", 1).await;
+    filter(s.addr, &p2, &["n1", "n2"]).await;
+    let long = "x".repeat(5000);
+    let (st, m) = verb(
+        "/unreserve",
+        json!({"namespace": NS, "name": "p2", "uid": p2.metadata.uid, "reason": long}),
+    )
+    .await;
+    assert_eq!(st, 200, "{m}");
+    let cancel = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("p2")
+        .await
+        .unwrap()
+        .spec
+        .cancel
+        .unwrap();
+    assert_eq!(cancel.len(), 256);
     // Bad bodies.
     let (st, m) = verb("/reserve", p1(json!({}))).await;
     assert_eq!((st, m.trim()), (400, "reserve needs the node"));

@@ -24,6 +24,10 @@ use serde::{Deserialize, Serialize};
 use steward_api::Reservation;
 use steward_core::reservation::reservation_name;
 
+/// Longest Unreserve reason kept, in characters: at most 1,024 bytes, the
+/// CRD's limit for `spec.cancel`.
+const MAX_REASON: usize = 256;
+
 /// The body of `/reserve` and `/unreserve`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -109,8 +113,9 @@ pub async fn unreserve(client: kube::Client, v: &PodVerb) -> Result<Answer, kube
     }
     let reason = v
         .reason
-        .clone()
+        .as_deref()
         .filter(|w| !w.is_empty())
+        .map(|w| w.chars().take(MAX_REASON).collect::<String>())
         .unwrap_or_else(|| "the scheduler unreserved the pod".into());
     // A replace is conditional on the resourceVersion read: a Reservation
     // replaced meanwhile (a new pod of that name) is not touched.
