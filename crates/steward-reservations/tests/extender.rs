@@ -35,6 +35,12 @@ impl Drop for Stand {
 }
 
 async fn stand(capacity: u32) -> Stand {
+    stand_with(capacity, &[]).await
+}
+
+/// [`stand`] with Node annotations in place before the controller starts
+/// (its first list sees them: no race with a later patch).
+async fn stand_with(capacity: u32, annotations: &[(&str, &str, String)]) -> Stand {
     let api = ApiServer::start().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(api.client());
     for crd in steward_api::crds() {
@@ -47,7 +53,13 @@ async fn stand(capacity: u32) -> Stand {
         .await
         .unwrap();
     for n in ["n1", "n2", "n3", "n4"] {
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": n}})).unwrap();
+        let mine: serde_json::Map<String, Value> = annotations
+            .iter()
+            .filter(|(node, _, _)| *node == n)
+            .map(|(_, k, v)| (k.to_string(), Value::String(v.clone())))
+            .collect();
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": n, "annotations": mine}})).unwrap();
         Api::<Node>::all(api.client())
             .create(&PostParams::default(), &node)
             .await
@@ -320,25 +332,18 @@ fn the_scheduler_configuration_calls_what_the_extender_serves() {
 
 #[tokio::test]
 async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus() {
-    let s = stand(1).await;
     // n1: 2 + 2 CPUs free (no NUMA node holds 3); n2: 4 on NUMA 1; n3 runs
     // no resource manager.
-    for (n, free) in [
-        ("n1", json!({"0": 2, "1": 2})),
-        ("n2", json!({"0": 1, "1": 4})),
-    ] {
-        let doc = json!({"free": free, "holders": []}).to_string();
-        let patch = json!({"metadata": {"annotations": {
-            steward_core::reservation::NODE_CPUS_ANNOTATION: doc}}});
-        Api::<Node>::all(s.api.client())
-            .patch(
-                n,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
-    }
+    let key = steward_core::reservation::NODE_CPUS_ANNOTATION;
+    let doc = |free: Value| json!({"free": free, "holders": []}).to_string();
+    let s = stand_with(
+        1,
+        &[
+            ("n1", key, doc(json!({"0": 2, "1": 2}))),
+            ("n2", key, doc(json!({"0": 1, "1": 4}))),
+        ],
+    )
+    .await;
     let pinned = |name: &str, cpus: u32| -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": NS},
