@@ -178,6 +178,54 @@ async fn events_for(api: &ApiServer, name: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Pod `name` (uid `uid`) holds slot 0 of "cam" on n1, as its node's
+/// agent records it.
+async fn claim_slot_0(api: &ApiServer, name: &str, uid: &str) {
+    let claim = SlotClaim::new(
+        "cam-0",
+        SlotClaimSpec {
+            instance: "cam".into(),
+            slot: 0,
+            node: "n1".into(),
+            epoch: 1,
+            pod: Some(PodRef {
+                namespace: NS.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }),
+            container: Some("main".into()),
+            since: 1,
+            awaiting: None,
+            reservation: None,
+        },
+    );
+    Api::<SlotClaim>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+/// The status of Reservation `name` once the controller marked it
+/// consumed.
+async fn until_consumed(api: &ApiServer, name: &str) -> steward_api::ReservationStatus {
+    let rs = Api::<Reservation>::namespaced(api.client(), NS);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = rs.get(name).await.unwrap().status.unwrap();
+        if s.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("consumed"))
+        {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never consumed: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_shared_instance_is_reserved_once_cluster_wide() {
     let api = setup().await;
@@ -299,45 +347,10 @@ async fn the_pods_own_claim_consumes_its_reservation_and_a_claim_wins_over_other
     let r = phase_of(&api, "p1", "Reserved").await;
     assert_eq!(r.status.unwrap().slots, ["cam-0"]);
     // The pod runs on n1 and its claim holds the slot.
-    let claim = SlotClaim::new(
-        "cam-0",
-        SlotClaimSpec {
-            instance: "cam".into(),
-            slot: 0,
-            node: "n1".into(),
-            epoch: 1,
-            pod: Some(PodRef {
-                namespace: NS.into(),
-                name: "p1".into(),
-                uid,
-            }),
-            container: Some("main".into()),
-            since: 1,
-            awaiting: None,
-            reservation: None,
-        },
-    );
-    Api::<SlotClaim>::namespaced(api.client(), NS)
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
+    claim_slot_0(&api, "p1", &uid).await;
+    let s = until_consumed(&api, "p1").await;
+    assert_eq!(s.phase, "Reserved");
     let rs = Api::<Reservation>::namespaced(api.client(), NS);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let s = rs.get("p1").await.unwrap().status.unwrap();
-        if s.reason
-            .as_deref()
-            .is_some_and(|r| r.starts_with("consumed"))
-        {
-            assert_eq!(s.phase, "Reserved");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never consumed: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // Consumed, it is not expired by the TTL...
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(
@@ -450,28 +463,7 @@ async fn exclusive_cpus_are_reserved_on_one_numa_node_until_the_node_names_the_p
     assert_eq!(s.numa_node, Some(0));
     // "big" runs: its claim holds the camera, and the node pins its CPUs
     // and names it. Consumed only when both hold.
-    let claim = SlotClaim::new(
-        "cam-0",
-        SlotClaimSpec {
-            instance: "cam".into(),
-            slot: 0,
-            node: "n1".into(),
-            epoch: 1,
-            pod: Some(PodRef {
-                namespace: NS.into(),
-                name: "big".into(),
-                uid: big.clone(),
-            }),
-            container: Some("main".into()),
-            since: 1,
-            awaiting: None,
-            reservation: None,
-        },
-    );
-    Api::<SlotClaim>::namespaced(api.client(), NS)
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
+    claim_slot_0(&api, "big", &big).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let s = Api::<Reservation>::namespaced(api.client(), NS)
         .get("big")
@@ -486,31 +478,12 @@ async fn exclusive_cpus_are_reserved_on_one_numa_node_until_the_node_names_the_p
         "consumed before the node pinned its CPUs: {s:?}"
     );
     publish_cpus(&api, "n1", &[(0, 2), (1, 1)], &[&big]).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let s = Api::<Reservation>::namespaced(api.client(), NS)
-            .get("big")
-            .await
-            .unwrap()
-            .status
-            .unwrap();
-        if s.reason
-            .as_deref()
-            .is_some_and(|r| r.starts_with("consumed"))
-        {
-            let cond = s.conditions.iter().find(|c| c.type_ == "Reserved").unwrap();
-            assert_eq!(
-                (cond.status.as_str(), cond.reason.as_str()),
-                ("False", "Consumed")
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never consumed: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let s = until_consumed(&api, "big").await;
+    let cond = s.conditions.iter().find(|c| c.type_ == "Reserved").unwrap();
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("False", "Consumed")
+    );
     // "small" fails admission on n1 (kubelet ends it Failed with the
     // reason): released, with the reason and an Event.
     let pods = Api::<Pod>::namespaced(api.client(), NS);

@@ -96,6 +96,18 @@ fn choose_policy(
     cached
 }
 
+/// Hands `p` to the Node publisher when it differs from what it has (the
+/// Node is patched only on change).
+fn offer(tx: &watch::Sender<Option<cluster::Publication>>, p: cluster::Publication) {
+    tx.send_if_modified(|cur| {
+        let changed = cur.as_ref() != Some(&p);
+        if changed {
+            *cur = Some(p);
+        }
+        changed
+    });
+}
+
 impl Proxy {
     /// Discover the topology, load the configuration and the cache, re-sync
     /// with the runtime (when it answers), bind the socket and serve.
@@ -246,14 +258,7 @@ impl Proxy {
             tasks.push(tokio::spawn(async move {
                 loop {
                     m.saved().await;
-                    let p = m.publication().await;
-                    tx.send_if_modified(|cur| {
-                        let changed = cur.as_ref() != Some(&p);
-                        if changed {
-                            *cur = Some(p);
-                        }
-                        changed
-                    });
+                    offer(&tx, m.publication().await);
                 }
             }));
             // Exclusive CPUs reserved on this node for pods not yet here.
@@ -282,18 +287,11 @@ impl Proxy {
                     };
                     if let Some(c) = apply {
                         m.handle(Event::Config(Box::new(c))).await;
-                    }
-                    // Policy, topology and free exclusive CPUs: the Node
-                    // is patched only when one of them changed.
-                    if publish {
-                        let p = m.publication().await;
-                        publish_tx.send_if_modified(|cur| {
-                            let changed = cur.as_ref() != Some(&p);
-                            if changed {
-                                *cur = Some(p);
-                            }
-                            changed
-                        });
+                        // A new policy or reserved set (placements that
+                        // changed are published after the cache save).
+                        if publish {
+                            offer(&publish_tx, m.publication().await);
+                        }
                     }
                 }
             }));

@@ -265,6 +265,9 @@ impl<P: Placer> Engine<P> {
     /// What a new exclusive placement for pod `uid` leaves free per NUMA
     /// node: the holds of other pods not yet holding exclusive CPUs.
     fn withhold_for(&self, uid: &str) -> BTreeMap<u32, usize> {
+        if self.holds.is_empty() {
+            return BTreeMap::new();
+        }
         let running: std::collections::BTreeSet<&str> = self
             .assignments
             .iter()
