@@ -15,7 +15,7 @@
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use steward_core::Millis;
-use steward_core::ledger::{Holder, Holding};
+use steward_core::ledger::{ClaimHold, ClaimRef, Holder, Holding};
 use steward_core::slots::{Claim, parse_slot_id, slot_id};
 
 use crate::PodRef;
@@ -89,6 +89,31 @@ pub struct SlotClaimSpec {
     /// Reservation the slot was handed out under, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<String>,
+    /// The DRA ResourceClaim the slot was prepared for (NodePrepareResources),
+    /// instead of a pod's device-plugin Allocate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_claim: Option<ResourceClaimHold>,
+}
+
+/// A slot held by a DRA ResourceClaim: the claim and the device allocated.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceClaimHold {
+    #[schemars(length(max = 253))]
+    pub namespace: String,
+    #[schemars(length(max = 253))]
+    pub name: String,
+    #[schemars(length(max = 128))]
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 253))]
+    pub request: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 253))]
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub device: String,
 }
 
 /// Errors converting between [`SlotClaim`]s and the core's [`Claim`]s.
@@ -122,6 +147,14 @@ impl SlotClaimSpec {
             since: claim.holding.since.0,
             awaiting: claim.awaiting.map(|m| m.0),
             reservation: claim.holding.reservation.clone(),
+            resource_claim: claim.holding.claim.as_ref().map(|h| ResourceClaimHold {
+                namespace: h.claim.namespace.clone(),
+                name: h.claim.name.clone(),
+                uid: h.claim.uid.clone(),
+                request: h.request.clone(),
+                pool: h.pool.clone(),
+                device: h.device.clone(),
+            }),
         })
     }
 
@@ -146,6 +179,13 @@ impl SlotClaimSpec {
                 holder,
                 since: Millis(self.since),
                 reservation: self.reservation.clone(),
+                claim: self.resource_claim.as_ref().map(|h| ClaimHold {
+                    claim: ClaimRef::new(&h.uid, &h.namespace, &h.name),
+                    request: h.request.clone(),
+                    pool: h.pool.clone(),
+                    device: h.device.clone(),
+                    users: Vec::new(),
+                }),
             },
             awaiting: self.awaiting.map(Millis),
         }
@@ -179,6 +219,7 @@ mod tests {
                 holder,
                 since: Millis(1_700_000_000_123),
                 reservation: Some("r1".into()),
+                claim: None,
             },
             awaiting,
         }
@@ -203,6 +244,28 @@ mod tests {
                 Err(SlotClaimError::NameMismatch { .. })
             ));
         }
+    }
+
+    #[test]
+    fn a_slot_held_by_a_resource_claim_round_trips_without_its_users() {
+        let mut hold = ClaimHold::of(ClaimRef::new("c-uid", "apps", "gpu-claim"));
+        hold.request = "cam".into();
+        hold.pool = "node-a".into();
+        hold.device = "cam-3".into();
+        let mut c = claim(None, None);
+        c.holding.claim = Some(hold.clone());
+        let spec = SlotClaimSpec::from_claim(&c).unwrap();
+        assert_eq!(spec.resource_claim.as_ref().unwrap().name, "gpu-claim");
+        assert_eq!(spec.to_claim(), c);
+        // Users are for readers on the node; the cluster record names the
+        // claim only.
+        hold.users = vec![Holder::new(
+            steward_core::ledger::PodRef::new("p", "apps", "web-0"),
+            Some("main".into()),
+        )];
+        c.holding.claim = Some(hold);
+        let back = SlotClaimSpec::from_claim(&c).unwrap().to_claim();
+        assert!(back.holding.claim.unwrap().users.is_empty());
     }
 
     #[test]

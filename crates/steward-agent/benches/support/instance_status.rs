@@ -235,6 +235,7 @@ fn claim_of(slot: &Slot) -> Option<Claim> {
             holder,
             since: Millis(since),
             reservation: None,
+            claim: None,
         },
         awaiting: None,
     })

@@ -182,6 +182,10 @@ fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
             (Status::unavailable(msg), "cluster_unreachable")
         }
         AllocateError::ClaimInFlight { .. } => (Status::aborted(msg), "in_flight"),
+        AllocateError::HeldByClaim { .. } => (Status::failed_precondition(msg), "held_by_claim"),
+        AllocateError::InUseByDevicePlugin { .. } => {
+            (Status::failed_precondition(msg), "in_use")
+        }
     }
 }
 

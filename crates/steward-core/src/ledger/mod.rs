@@ -72,6 +72,74 @@ impl Holder {
     }
 }
 
+/// Identity of a DRA ResourceClaim, as kubelet names it in
+/// NodePrepareResources.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ClaimRef {
+    pub fn new(
+        uid: impl Into<String>,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Self {
+        Self {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A resource held by a DRA ResourceClaim: the claim, and the pods (with
+/// the containers naming the claim, when known) it was prepared for. The
+/// users are what the claim said at prepare time, for readers; the hold
+/// itself lasts from prepare to unprepare.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimHold {
+    pub claim: ClaimRef,
+    /// The request of the claim this device was allocated for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request: String,
+    /// The DRA pool and device name the scheduler allocated.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<Holder>,
+}
+
+impl ClaimHold {
+    /// The hold of `claim` with nothing else known.
+    pub fn of(claim: ClaimRef) -> Self {
+        Self {
+            claim,
+            request: String::new(),
+            pool: String::new(),
+            device: String::new(),
+            users: Vec::new(),
+        }
+    }
+
+    /// The claim's UID.
+    pub fn uid(&self) -> &str {
+        &self.claim.uid
+    }
+}
+
 /// One resource held on this node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -89,6 +157,12 @@ pub struct Holding {
     /// The reservation the resource was handed out under, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<String>,
+    /// The DRA ResourceClaim holding the resource, when it was handed out
+    /// by NodePrepareResources rather than a device-plugin Allocate. Such
+    /// a resource has no `holder`: it is held until the claim is
+    /// unprepared, whatever its pods do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimHold>,
 }
 
 impl Holding {
@@ -99,6 +173,7 @@ impl Holding {
             holder: None,
             since,
             reservation: None,
+            claim: None,
         }
     }
 
@@ -109,6 +184,18 @@ impl Holding {
             holder: Some(holder),
             since,
             reservation: None,
+            claim: None,
+        }
+    }
+
+    /// A resource held by the DRA ResourceClaim `claim`.
+    pub fn claimed(resource: impl Into<String>, claim: ClaimHold, since: Millis) -> Self {
+        Self {
+            resource: resource.into(),
+            holder: None,
+            since,
+            reservation: None,
+            claim: Some(claim),
         }
     }
 

@@ -116,6 +116,19 @@
 //!    then bind it to B, and A's later Deleted event finds the slot either
 //!    bound to B or awaiting, and does not free it.
 //!
+//! # DRA ResourceClaims
+//!
+//! A slot is also a DRA device ([`crate::dra::device_name`]).
+//! [`SlotLedger::prepare`] claims slots for a ResourceClaim (kubelet's
+//! NodePrepareResources) under the same plan/commit protocol as Allocate
+//! and the same records, the hold naming the claim instead of a pod;
+//! [`SlotLedger::unprepare`] frees exactly those slots. A slot held on
+//! either path is refused on the other, and a prepared slot reports
+//! Unhealthy to the device plugins so kubelet's device manager never picks
+//! it. Pod rules (events, pod resources, settle, timeouts) never touch a
+//! prepared slot: it is held until kubelet unprepares the claim, which it
+//! does after a restart too (it checkpoints a claim before preparing it).
+//!
 //! # Restart
 //!
 //! [`SlotLedger::recover`] rebuilds the ledger from the local ledger, the
@@ -133,6 +146,8 @@ pub use model::{
 pub use recover::RecoveryInput;
 pub use state::SlotLedger;
 
+#[cfg(test)]
+mod dra_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

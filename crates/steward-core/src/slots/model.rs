@@ -290,6 +290,10 @@ pub enum AllocateError {
     ClusterUnreachable { id: String, instance: String },
     #[error("slot {id:?} is being claimed by another allocate still in flight; retry")]
     ClaimInFlight { id: String },
+    #[error("slot {id:?} is held by DRA ResourceClaim {claim} (prepared by kubelet)")]
+    HeldByClaim { id: String, claim: String },
+    #[error("slot {id:?} is in use through the device plugin ({pod})")]
+    InUseByDevicePlugin { id: String, pod: String },
 }
 
 /// A plan completion naming no outstanding plan.

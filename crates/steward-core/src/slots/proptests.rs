@@ -19,7 +19,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::Millis;
-use crate::ledger::{Holding, PodRef};
+use crate::ledger::{ClaimHold, ClaimRef, Holding, PodRef};
 
 const NODE: &str = "node-a";
 const OTHER_NODES: [&str; 2] = ["node-b", "node-c"];
@@ -77,6 +77,15 @@ enum Op {
     ClusterDown,
     ClusterUp,
     DeviceFlap(usize),
+    /// The scheduler allocated a DRA claim `count` slots of an Instance
+    /// (blind to device-plugin use) and kubelet prepares it.
+    Prepare {
+        instance: usize,
+        count: usize,
+        crash: Crash,
+    },
+    /// kubelet unprepares a claim it prepared (or tried to).
+    Unprepare(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -101,7 +110,31 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::ClusterDown),
         1 => Just(Op::ClusterUp),
         1 => (0..3usize).prop_map(Op::DeviceFlap),
+        3 => (0..3usize, 1..=2usize, crash_dra()).prop_map(
+            |(instance, count, crash)| Op::Prepare { instance, count, crash }
+        ),
+        2 => (0..16usize).prop_map(Op::Unprepare),
     ]
+}
+
+fn crash_dra() -> impl Strategy<Value = Crash> {
+    prop_oneof![
+        8 => Just(Crash::Never),
+        1 => Just(Crash::AfterLocalWrite),
+        1 => Just(Crash::AfterClusterWrite),
+    ]
+}
+
+/// A DRA ResourceClaim as kubelet sees it.
+#[derive(Debug, Clone)]
+struct SimClaim {
+    uid: String,
+    slots: Vec<String>,
+    /// Prepare answered OK and not unprepared since.
+    prepared: bool,
+    /// kubelet checkpointed it before preparing: it unprepares it later
+    /// whatever the prepare answered.
+    checkpointed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -138,6 +171,7 @@ struct Sim {
     /// Other nodes' claims as told to the ledger.
     fed_others: BTreeMap<String, String>,
     next_other_pod: usize,
+    claims: Vec<SimClaim>,
     trace: Vec<String>,
 }
 
@@ -173,6 +207,7 @@ impl Sim {
             cluster_events: VecDeque::new(),
             fed_others: BTreeMap::new(),
             next_other_pod: 0,
+            claims: Vec::new(),
             trace: Vec::new(),
         }
     }
@@ -477,6 +512,139 @@ impl Sim {
         }
     }
 
+    // ----- DRA --------------------------------------------------------------
+
+    fn prepared_slots(&self) -> BTreeSet<String> {
+        self.claims
+            .iter()
+            .filter(|c| c.prepared)
+            .flat_map(|c| c.slots.iter().cloned())
+            .collect()
+    }
+
+    fn prepare(&mut self, instance: usize, count: usize, crash: Crash) {
+        let k = self.claims.len();
+        let uid = format!("claim-{k}");
+        let info = self.instances[instance].clone();
+        // The scheduler picks slots blind to the device plugins, but never
+        // two claims' devices at once (its own allocations).
+        let taken: BTreeSet<String> = self
+            .claims
+            .iter()
+            .filter(|c| c.checkpointed)
+            .flat_map(|c| c.slots.iter().cloned())
+            .collect();
+        let slots: Vec<String> = (0..info.capacity)
+            .map(|n| info.slot(n))
+            .filter(|s| !taken.contains(s))
+            .take(count)
+            .collect();
+        if slots.is_empty() {
+            return;
+        }
+        self.claims.push(SimClaim {
+            uid: uid.clone(),
+            slots: slots.clone(),
+            prepared: false,
+            checkpointed: true,
+        });
+        let holds: Vec<(String, ClaimHold)> = slots
+            .iter()
+            .map(|s| {
+                (
+                    s.clone(),
+                    ClaimHold::of(ClaimRef::new(&uid, "default", format!("c-{k}"))),
+                )
+            })
+            .collect();
+        let before = self.ledger.health_all();
+        let result = self.ledger.prepare(&holds, Millis(self.now));
+        self.trace.push(format!("prepare {result:?}"));
+        let plan = match result {
+            Ok(plan) => plan,
+            Err(
+                AllocateError::InUseByDevicePlugin { id, .. }
+                | AllocateError::HeldByOtherNode { id, .. }
+                | AllocateError::DeviceGone { id, .. }
+                | AllocateError::ClusterUnreachable { id, .. },
+            ) => {
+                // Refused for a reason the world shows.
+                let dp = self.in_use().contains(&id) || self.ledger.claim(&id).is_some();
+                let other = self.fed_others.contains_key(&id);
+                let gone = !self.instance_of(&id).available();
+                let offline = !self.reachable && self.instance_of(&id).shared;
+                assert!(dp || other || gone || offline, "prepare of {id} refused");
+                assert_eq!(
+                    self.ledger.health_all(),
+                    before,
+                    "a refused prepare changed health"
+                );
+                return;
+            }
+            Err(e) => panic!("prepare of {slots:?}: {e}"),
+        };
+        for w in &plan.writes {
+            self.local_write(w);
+        }
+        if crash == Crash::AfterLocalWrite {
+            self.restart();
+            return;
+        }
+        if plan.target.cluster() {
+            for w in &plan.writes {
+                if let Some(c) = self.cluster.get(w.slot()).filter(|c| c.node != NODE) {
+                    let (slot, node) = (w.slot().to_owned(), c.node.clone());
+                    let effects = self.ledger.claim_conflict(plan.id, &slot, &node);
+                    let effects = effects.unwrap_or_else(|e| panic!("{e}"));
+                    self.fed_others.insert(slot, node);
+                    self.apply(effects);
+                    return;
+                }
+                self.cluster_write(w);
+            }
+        }
+        if crash == Crash::AfterClusterWrite {
+            self.restart();
+            return;
+        }
+        self.ledger
+            .commit(plan.id, Millis(self.now))
+            .unwrap_or_else(|e| panic!("{e}"));
+        for s in &slots {
+            assert!(self.ledger.is_prepared(s, &uid));
+            assert_eq!(self.ledger.health_of(s), Some(Health::Unhealthy));
+            assert!(
+                !self.in_use().contains(s),
+                "{s} prepared while a pod uses it"
+            );
+        }
+        self.claims[k].prepared = true;
+    }
+
+    fn unprepare(&mut self, i: usize) {
+        let open: Vec<usize> = (0..self.claims.len())
+            .filter(|&k| self.claims[k].checkpointed)
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let k = open[i % open.len()];
+        let uid = self.claims[k].uid.clone();
+        let effects = self.ledger.unprepare(&uid);
+        self.apply(effects);
+        assert!(self.ledger.prepared_for(&uid).is_empty());
+        for s in &self.claims[k].slots {
+            assert!(
+                self.ledger
+                    .claim(s)
+                    .is_none_or(|c| c.holding.claim.is_none()),
+                "{s} still held by a claim after unprepare"
+            );
+        }
+        self.claims[k].prepared = false;
+        self.claims[k].checkpointed = false;
+    }
+
     // ----- other nodes and the cluster ------------------------------------
 
     fn other_claim(&mut self, k: usize) {
@@ -656,6 +824,12 @@ impl Sim {
             Op::Restart => self.restart(),
             Op::ClusterDown => self.cluster_down(),
             Op::ClusterUp => self.cluster_up(),
+            Op::Prepare {
+                instance,
+                count,
+                crash,
+            } => self.prepare(instance, count, crash),
+            Op::Unprepare(i) => self.unprepare(i),
             Op::DeviceFlap(i) => {
                 let info = &mut self.instances[i];
                 info.present = !info.present;
@@ -708,7 +882,12 @@ impl Sim {
         for info in &self.instances {
             // (3) Unhealthy iff held by another node (as observed) or gone.
             for (slot, health) in self.ledger.health(&info.name) {
-                let expected = if !info.available() || self.fed_others.contains_key(&slot) {
+                let by_dra = self
+                    .ledger
+                    .claim(&slot)
+                    .is_some_and(|c| c.holding.claim.is_some());
+                let expected = if !info.available() || self.fed_others.contains_key(&slot) || by_dra
+                {
                     Health::Unhealthy
                 } else {
                     Health::Healthy
@@ -721,9 +900,24 @@ impl Sim {
                     .filter(|p| p.active && p.devices.contains(&slot))
                     .count();
                 let remote = usize::from(truth_others.contains_key(&slot));
+                let dra = self
+                    .claims
+                    .iter()
+                    .filter(|c| c.prepared && c.slots.contains(&slot))
+                    .count();
                 assert!(
-                    local + remote <= 1,
-                    "{slot} used by {local} local and {remote} remote pods"
+                    local + remote + dra <= 1,
+                    "{slot} used by {local} local pods, {remote} remote pods and {dra} claims"
+                );
+            }
+        }
+        // Every prepared claim holds its slots.
+        for c in self.claims.iter().filter(|c| c.prepared) {
+            for slot in &c.slots {
+                assert!(
+                    self.ledger.is_prepared(slot, &c.uid),
+                    "{slot} of {} lost",
+                    c.uid
                 );
             }
         }
@@ -764,9 +958,19 @@ proptest! {
         sim.step(&Op::DeliverWatch(usize::MAX >> 1));
         sim.step(&Op::Tick(2 * TIMEOUT));
         sim.step(&Op::Tick(2 * TIMEOUT));
+        // kubelet unprepares what it checkpointed but never saw prepared.
+        for k in 0..sim.claims.len() {
+            if sim.claims[k].checkpointed && !sim.claims[k].prepared {
+                let uid = sim.claims[k].uid.clone();
+                let effects = sim.ledger.unprepare(&uid);
+                sim.apply(effects);
+                sim.claims[k].checkpointed = false;
+            }
+        }
         let claimed: BTreeSet<String> =
             sim.ledger.claims().iter().map(|c| c.slot().to_owned()).collect();
-        prop_assert_eq!(&claimed, &sim.in_use());
+        let held: BTreeSet<String> = sim.in_use().union(&sim.prepared_slots()).cloned().collect();
+        prop_assert_eq!(&claimed, &held);
         prop_assert!(sim.ledger.unsynced().is_empty());
         // Both stores agree with the ledger.
         let local: BTreeSet<String> = sim.local.keys().cloned().collect();

@@ -66,6 +66,10 @@ impl SlotLedger {
     ///   dropped. With a live holder the claim is kept but not written to
     ///   the cluster (the slot reports Unhealthy).
     ///
+    /// * prepared for a DRA ResourceClaim: kept, whoever its pods are
+    ///   (kubelet unprepares it), except a shared slot missing from a
+    ///   reachable cluster (that prepare was never answered).
+    ///
     /// Then kubelet's pod resources (taken `now`) bind slots to the live
     /// pods using them, adopting slots no record mentions.
     ///
@@ -133,7 +137,24 @@ impl SlotLedger {
                 .clone()
                 .filter(|h| ledger.pods.get(h.uid()).is_some_and(|p| p.live));
             let contested = ledger.others.contains_key(slot);
-            let kept = if let Some(holder) = live_holder {
+            let kept = if let Some(hold) = record.holding.claim.clone() {
+                // Prepared for a DRA claim: held until kubelet unprepares
+                // it (kubelet checkpoints a claim before preparing it and
+                // unprepares it after the pod, a retry included), unless
+                // it is a shared slot the reachable cluster never got: that
+                // prepare was never answered, and kubelet prepares again.
+                (!(shared && known_cluster && !own_cluster.contains_key(slot))).then(|| {
+                    LocalClaim {
+                        epoch: record.epoch,
+                        holder: None,
+                        since: record.holding.since,
+                        awaiting: None,
+                        answered: None,
+                        plan: None,
+                        dra: Some(hold),
+                    }
+                })
+            } else if let Some(holder) = live_holder {
                 Some(LocalClaim {
                     epoch: record.epoch,
                     holder: Some(holder),
@@ -141,6 +162,7 @@ impl SlotLedger {
                     awaiting: record.awaiting.map(|_| now),
                     answered: record.awaiting.map(|_| now),
                     plan: None,
+                    dra: None,
                 })
             } else if (record.holding.holder.is_some() && record.awaiting.is_none())
                 || contested
@@ -157,6 +179,7 @@ impl SlotLedger {
                     awaiting: Some(now),
                     answered: Some(now),
                     plan: None,
+                    dra: None,
                 })
             };
             if let Some(claim) = kept {
@@ -186,9 +209,14 @@ impl SlotLedger {
                     r.holding.holder != c.holder
                         || r.holding.since != c.since
                         || r.awaiting != c.awaiting
+                        || r.holding.claim != c.dra
                 });
-                let cluster_differs =
-                    !known_cluster || cluster_rec.is_none_or(|r| r.holding.holder != c.holder);
+                let cluster_differs = !known_cluster
+                    || cluster_rec.is_none_or(|r| {
+                        r.holding.holder != c.holder
+                            || r.holding.claim.as_ref().map(|h| h.uid())
+                                != c.dra.as_ref().map(|h| h.uid())
+                    });
                 if local_differs {
                     let epoch = ledger.bump();
                     if let Some(c) = ledger.claims.get_mut(&slot) {

@@ -1,13 +1,14 @@
 //! The slot ledger state machine. Rules are in the module documentation of
 //! [`crate::slots`].
 
+mod dra;
 mod pods;
 mod sync;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Millis;
-use crate::ledger::{Holder, Holding, Holdings, PodRef};
+use crate::ledger::{ClaimHold, Holder, Holding, Holdings, PodRef};
 
 use super::model::{
     AllocateError, AllocatePlan, Claim, Effect, Health, InstanceInfo, PlanError, PlanId, PodInfo,
@@ -28,6 +29,9 @@ pub(super) struct LocalClaim {
     pub(super) answered: Option<Millis>,
     /// The outstanding allocate plan writing this claim.
     pub(super) plan: Option<PlanId>,
+    /// Held by a DRA ResourceClaim (prepared), not by a pod: `holder` and
+    /// `awaiting` stay `None` and pod rules never touch it.
+    pub(super) dra: Option<ClaimHold>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +55,8 @@ pub(super) struct Plan {
     pub(super) target: Target,
     /// Each slot with its `awaiting` before the plan.
     pub(super) slots: Vec<(String, Option<Millis>)>,
+    /// Slots a prepare plan claims anew (freed again on rollback).
+    pub(super) created: BTreeSet<String>,
 }
 
 /// The device-plugin slot ledger of one node. See [`crate::slots`].
@@ -141,13 +147,15 @@ impl SlotLedger {
     }
 
     /// Health of slot `slot` of `info`: Unhealthy iff the device is not
-    /// available to this node, another node holds the slot, or it is
-    /// reserved for a pod bound for another node (and this node does not
-    /// hold it: a claim wins over a reservation).
+    /// available to this node, another node holds the slot, a DRA
+    /// ResourceClaim holds it (kubelet's device manager must not pick it),
+    /// or it is reserved for a pod bound for another node (and this node
+    /// does not hold it: a claim wins over a reservation).
     pub fn slot_health(&self, info: &InstanceInfo, slot: &str) -> Health {
-        let reserved_away =
-            self.reserved_elsewhere.contains_key(slot) && !self.claims.contains_key(slot);
-        if !info.available() || self.others.contains_key(slot) || reserved_away {
+        let claim = self.claims.get(slot);
+        let reserved_away = self.reserved_elsewhere.contains_key(slot) && claim.is_none();
+        let by_dra = claim.is_some_and(|c| c.dra.is_some());
+        if !info.available() || self.others.contains_key(slot) || reserved_away || by_dra {
             Health::Unhealthy
         } else {
             Health::Healthy
@@ -333,6 +341,7 @@ impl SlotLedger {
             at,
             target,
             slots: Vec::new(),
+            created: BTreeSet::new(),
         };
         let mut writes = Vec::new();
         for slot in slots {
@@ -347,6 +356,7 @@ impl SlotLedger {
                     awaiting: None,
                     answered: None,
                     plan: None,
+                    dra: None,
                 });
             plan.slots.push((slot.clone(), claim.awaiting));
             claim.epoch = epoch;
@@ -376,6 +386,12 @@ impl SlotLedger {
             });
         }
         let claim = self.claims.get(id);
+        if let Some(hold) = claim.and_then(|c| c.dra.as_ref()) {
+            return Err(AllocateError::HeldByClaim {
+                id: id.to_owned(),
+                claim: hold.claim.to_string(),
+            });
+        }
         if claim.is_none()
             && let Some(node) = self.reserved_elsewhere.get(id)
         {
@@ -473,7 +489,8 @@ impl SlotLedger {
             }
             c.plan = None;
             c.awaiting = prev;
-            if c.holder.is_none() && c.awaiting.is_none() {
+            let unheld = c.holder.is_none() && c.awaiting.is_none() && c.dra.is_none();
+            if unheld || p.created.contains(&slot) {
                 self.free(&slot, effects);
             } else {
                 self.emit_write(&slot, effects);
@@ -563,13 +580,16 @@ impl SlotLedger {
     }
 
     /// `slot` entered or left the other nodes' claims. Health is Unhealthy
-    /// iff the device is unavailable here or another node holds the slot, so
+    /// iff the device is unavailable here, a DRA claim holds the slot here
+    /// (it stays Unhealthy either way) or another node holds the slot, so
     /// only the slot's own Instance can change, and only when its device is
     /// available: the same answer as [`SlotLedger::health_diff`] over every
     /// Instance, without rebuilding each Instance's health per cluster event.
     fn slot_health_flipped(&self, slot: &str, effects: &mut Vec<Effect>) {
+        let by_dra = self.claims.get(slot).is_some_and(|c| c.dra.is_some());
         if let Some((info, n)) = self.slot_of(slot)
             && info.available()
+            && !by_dra
             && info.slot(n) == slot
         {
             effects.push(Effect::HealthChanged {
@@ -599,6 +619,7 @@ fn holding(slot: &str, c: &LocalClaim) -> Holding {
         holder: c.holder.clone(),
         since: c.since,
         reservation: None,
+        claim: c.dra.clone(),
     }
 }
 

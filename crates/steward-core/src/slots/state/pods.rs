@@ -252,11 +252,18 @@ impl SlotLedger {
                     awaiting: None,
                     answered: None,
                     plan: None,
+                    dra: None,
                 },
             );
             self.emit_write(slot, effects);
             return;
         };
+        if c.dra.is_some() {
+            // Prepared for a DRA claim: kubelet's device manager still
+            // lists a pod it handed the slot to earlier (it keeps devices
+            // until the pod is removed). The claim holds it, not the pod.
+            return;
+        }
         let mut changed = false;
         let same = c.holder.as_ref().is_some_and(|h| h.uid() == pod.uid);
         if !same && (c.holder.is_none() || at >= c.since) {

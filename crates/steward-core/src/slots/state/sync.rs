@@ -129,8 +129,13 @@ impl SlotLedger {
             .chain(self.claims.keys().cloned())
             .collect();
         for slot in slots {
-            let stored = own.get(slot.as_str()).map(|c| &c.holding.holder);
-            let mine = self.claims.get(&slot).map(|c| &c.holder);
+            let stored = own
+                .get(slot.as_str())
+                .map(|c| (&c.holding.holder, c.holding.claim.as_ref().map(|h| h.uid())));
+            let mine = self
+                .claims
+                .get(&slot)
+                .map(|c| (&c.holder, c.dra.as_ref().map(|h| h.uid())));
             if stored != mine {
                 self.unsynced.insert(slot);
             }

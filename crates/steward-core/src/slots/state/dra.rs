@@ -1,0 +1,176 @@
+//! DRA ResourceClaims as holders: kubelet's NodePrepareResources claims
+//! slots for a claim, NodeUnprepareResources frees them. The same slots,
+//! the same records and the same cluster claims as a device-plugin
+//! Allocate, so a slot is never handed out on both paths.
+
+use super::*;
+
+impl SlotLedger {
+    /// NodePrepareResources for one ResourceClaim: each slot with the hold
+    /// it is prepared under (the claim, the request and DRA device it was
+    /// allocated as, its users).
+    ///
+    /// Idempotent: slots this claim already holds are prepared again
+    /// without question (kubelet retries, a restart between prepare and
+    /// unprepare), their hold rewritten. A slot held by anyone else on this
+    /// node — a pod through the device plugin, an Allocate awaiting its pod,
+    /// another claim — is refused, as are the device-plugin refusals
+    /// (unknown slot, device gone, another node's claim or reservation,
+    /// shared device with the API server unreachable).
+    ///
+    /// All or nothing, then the same protocol as
+    /// [`SlotLedger::allocate`]: make the plan's writes durable,
+    /// [`SlotLedger::commit`] (or [`SlotLedger::claim_conflict`] /
+    /// [`SlotLedger::abort`]), and only then answer kubelet. The slots turn
+    /// Unhealthy for the device plugins when the plan is made (and back on
+    /// rollback): send the health of their Instances after either.
+    pub fn prepare(
+        &mut self,
+        slots: &[(String, ClaimHold)],
+        at: Millis,
+    ) -> Result<AllocatePlan, AllocateError> {
+        let mut wanted: Vec<&(String, ClaimHold)> = Vec::new();
+        for entry in slots {
+            if !wanted.iter().any(|(s, _)| *s == entry.0) {
+                wanted.push(entry);
+            }
+        }
+        if wanted.is_empty() {
+            return Err(AllocateError::NoDevices);
+        }
+        for (slot, hold) in &wanted {
+            self.check_preparable(slot, hold)?;
+        }
+        let id = PlanId(self.next_plan);
+        self.next_plan += 1;
+        let target = if self.reachable {
+            Target::Both
+        } else {
+            Target::Local
+        };
+        let mut plan = Plan {
+            at,
+            target,
+            slots: Vec::new(),
+            created: BTreeSet::new(),
+        };
+        let mut writes = Vec::new();
+        for (slot, hold) in wanted {
+            let epoch = self.bump();
+            if !self.claims.contains_key(slot) {
+                plan.created.insert(slot.clone());
+            }
+            let claim = self
+                .claims
+                .entry(slot.clone())
+                .or_insert_with(|| LocalClaim {
+                    epoch,
+                    holder: None,
+                    since: at,
+                    awaiting: None,
+                    answered: None,
+                    plan: None,
+                    dra: None,
+                });
+            plan.slots.push((slot.clone(), None));
+            claim.epoch = epoch;
+            claim.plan = Some(id);
+            claim.dra = Some(hold.clone());
+            writes.push(self.record(slot, &self.claims[slot.as_str()]));
+        }
+        self.plans.insert(id, plan);
+        Ok(AllocatePlan { id, writes, target })
+    }
+
+    fn check_preparable(&self, id: &str, hold: &ClaimHold) -> Result<(), AllocateError> {
+        if let Some(c) = self.claims.get(id) {
+            if c.plan.is_some() {
+                return Err(AllocateError::ClaimInFlight { id: id.to_owned() });
+            }
+            match (&c.dra, &c.holder) {
+                (Some(h), _) if h.uid() == hold.uid() => return Ok(()),
+                (Some(h), _) => {
+                    return Err(AllocateError::HeldByClaim {
+                        id: id.to_owned(),
+                        claim: h.claim.to_string(),
+                    });
+                }
+                (None, Some(holder)) => {
+                    return Err(AllocateError::InUseByDevicePlugin {
+                        id: id.to_owned(),
+                        pod: format!("pod {}/{}", holder.pod.namespace, holder.pod.name),
+                    });
+                }
+                (None, None) => {
+                    return Err(AllocateError::InUseByDevicePlugin {
+                        id: id.to_owned(),
+                        pod: "allocated to a pod not identified yet".to_owned(),
+                    });
+                }
+            }
+        }
+        let Some((info, _)) = self.slot_of(id) else {
+            return Err(AllocateError::UnknownDevice { id: id.to_owned() });
+        };
+        if !info.available() {
+            return Err(AllocateError::DeviceGone {
+                id: id.to_owned(),
+                instance: info.name.clone(),
+            });
+        }
+        if let Some(node) = self.others.get(id) {
+            return Err(AllocateError::HeldByOtherNode {
+                id: id.to_owned(),
+                node: node.clone(),
+            });
+        }
+        if let Some(node) = self.reserved_elsewhere.get(id) {
+            return Err(AllocateError::ReservedForOtherNode {
+                id: id.to_owned(),
+                node: node.clone(),
+            });
+        }
+        if info.shared && !self.reachable {
+            return Err(AllocateError::ClusterUnreachable {
+                id: id.to_owned(),
+                instance: info.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// NodeUnprepareResources for the claim with `uid`: frees exactly the
+    /// slots it holds (none when it holds none: unprepare is idempotent)
+    /// and reports the health that changed. A slot of the claim still
+    /// being prepared is left to that plan.
+    pub fn unprepare(&mut self, uid: &str) -> Vec<Effect> {
+        let slots = self.prepared_for(uid);
+        let before = self.health_all();
+        let mut effects = Vec::new();
+        for slot in slots {
+            if self.claims.get(&slot).is_some_and(|c| c.plan.is_none()) {
+                self.free(&slot, &mut effects);
+            }
+        }
+        self.health_diff(&before, &mut effects);
+        effects
+    }
+
+    /// The slots prepared (or being prepared) for the claim with `uid`, in
+    /// slot order.
+    pub fn prepared_for(&self, uid: &str) -> Vec<String> {
+        self.claims
+            .iter()
+            .filter(|(_, c)| c.dra.as_ref().is_some_and(|h| h.uid() == uid))
+            .map(|(slot, _)| slot.clone())
+            .collect()
+    }
+
+    /// Whether the claim with `uid` holds `slot`, prepared and durable (its
+    /// plan committed).
+    pub fn is_prepared(&self, slot: &str, uid: &str) -> bool {
+        self.claims
+            .get(slot)
+            .is_some_and(|c| c.plan.is_none() && c.dra.as_ref().is_some_and(|h| h.uid() == uid))
+    }
+}
