@@ -179,12 +179,14 @@ impl SlotClaimSpec {
                 holder,
                 since: Millis(self.since),
                 reservation: self.reservation.clone(),
-                claim: self.resource_claim.as_ref().map(|h| ClaimHold {
-                    claim: ClaimRef::new(&h.uid, &h.namespace, &h.name),
-                    request: h.request.clone(),
-                    pool: h.pool.clone(),
-                    device: h.device.clone(),
-                    users: Vec::new(),
+                claim: self.resource_claim.as_ref().map(|h| {
+                    Box::new(ClaimHold {
+                        claim: ClaimRef::new(&h.uid, &h.namespace, &h.name),
+                        request: h.request.clone(),
+                        pool: h.pool.clone(),
+                        device: h.device.clone(),
+                        users: Vec::new(),
+                    })
                 }),
             },
             awaiting: self.awaiting.map(Millis),
@@ -253,7 +255,7 @@ mod tests {
         hold.pool = "node-a".into();
         hold.device = "cam-3".into();
         let mut c = claim(None, None);
-        c.holding.claim = Some(hold.clone());
+        c.holding.claim = Some(Box::new(hold.clone()));
         let spec = SlotClaimSpec::from_claim(&c).unwrap();
         assert_eq!(spec.resource_claim.as_ref().unwrap().name, "gpu-claim");
         assert_eq!(spec.to_claim(), c);
@@ -263,7 +265,7 @@ mod tests {
             steward_core::ledger::PodRef::new("p", "apps", "web-0"),
             Some("main".into()),
         )];
-        c.holding.claim = Some(hold);
+        c.holding.claim = Some(Box::new(hold));
         let back = SlotClaimSpec::from_claim(&c).unwrap().to_claim();
         assert!(back.holding.claim.unwrap().users.is_empty());
     }

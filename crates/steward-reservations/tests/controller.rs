@@ -197,6 +197,7 @@ async fn claim_slot_0(api: &ApiServer, name: &str, uid: &str) {
             since: 1,
             awaiting: None,
             reservation: None,
+            resource_claim: None,
         },
     );
     Api::<SlotClaim>::namespaced(api.client(), NS)

@@ -73,11 +73,14 @@ pub struct AgentArgs {
     /// handlers must register unix sockets.
     #[arg(long = "network-handler-cidr", value_name = "CIDR")]
     network_handler_cidrs: Vec<steward_discovery::policy::Cidr>,
-    /// Also publish this node's devices as resource.k8s.io/v1 ResourceSlices
-    /// of the driver steward.dev (Kubernetes mode; one device per slot; the
-    /// DRA kubelet plugin is not part of this build yet).
-    #[arg(long, conflicts_with = "standalone")]
-    dra_resource_slices: bool,
+    /// Also serve the devices through Dynamic Resource Allocation as the
+    /// driver steward.dev: publish them as resource.k8s.io/v1 ResourceSlices
+    /// (one device per slot) and serve the DRA kubelet plugin
+    /// (<kubelet-dir>/plugins_registry/steward.dev-reg.sock,
+    /// <kubelet-dir>/plugins/steward.dev/dra.sock) on the device plugins'
+    /// slot ledger. Needs CDI (--cdi-dir) and the device plugins.
+    #[arg(long, alias = "dra-resource-slices", conflicts_with_all = ["standalone", "no_device_plugins"])]
+    dra: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,8 +106,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let mut dp = DevicePluginConfig::new(&args.kubelet_dir, cdi);
         dp.slots.pending_timeout_ms =
             u64::try_from(args.slot_pending_timeout.as_millis()).unwrap_or(u64::MAX);
+        if args.dra {
+            dp.dra = Some(steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir));
+        }
         dp
     });
+    if args.dra && args.cdi_dir.as_os_str().is_empty() {
+        anyhow::bail!(
+            "--dra needs CDI: a DRA device reaches its container as a CDI device (set --cdi-dir)"
+        );
+    }
     let mode = if args.standalone {
         let file = args
             .configurations
@@ -133,7 +144,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
-    cfg.dra_slices = args.dra_resource_slices;
+    cfg.dra_slices = args.dra;
     let mut registry = prometheus_client::registry::Registry::default();
     if let Some(socket) = args.pod_resources_socket {
         let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(socket);

@@ -135,6 +135,7 @@ async fn seeded() -> Seeded {
             since: SINCE_MS,
             awaiting: None,
             reservation: None,
+            resource_claim: None,
         },
     );
     claim.metadata.namespace = Some(NS.into());

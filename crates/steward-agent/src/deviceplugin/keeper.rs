@@ -123,7 +123,7 @@ pub(crate) struct SlotKeeper<L, C> {
     cluster: C,
     pub metrics: DevicePluginMetrics,
     op_timeout: Duration,
-    cdi: bool,
+    pub(super) cdi: bool,
     state: Mutex<State>,
     /// Poked after every successful Allocate, after a pod ended while
     /// claims await attribution, and after recovery with such claims: the
@@ -183,9 +183,7 @@ fn allocate_status(e: &AllocateError) -> (Status, &'static str) {
         }
         AllocateError::ClaimInFlight { .. } => (Status::aborted(msg), "in_flight"),
         AllocateError::HeldByClaim { .. } => (Status::failed_precondition(msg), "held_by_claim"),
-        AllocateError::InUseByDevicePlugin { .. } => {
-            (Status::failed_precondition(msg), "in_use")
-        }
+        AllocateError::InUseByDevicePlugin { .. } => (Status::failed_precondition(msg), "in_use"),
     }
 }
 
@@ -466,12 +464,34 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
         let mut st = self.lock().await;
+        self.claim_durably(&mut st, &format!("{ids:?}"), |ledger| {
+            ledger.allocate(&ids, now())
+        })
+        .await?;
+        let response = self.response(&st, req);
+        drop(st);
+        let _ = self.followup.send(());
+        tracing::info!(devices = ?ids, "Allocate answered");
+        Ok(response)
+    }
+
+    /// Makes a plan of the ledger's (`make`: Allocate or a DRA prepare)
+    /// durable — local store, then the cluster — and commits it; on any
+    /// failure the plan is rolled back and the error says why. A cluster
+    /// found unreachable mid-way is retried once against the local ledger
+    /// only (unshared devices go ahead, shared ones fail closed).
+    pub(super) async fn claim_durably(
+        &self,
+        st: &mut State,
+        what: &str,
+        mut make: impl FnMut(&mut SlotLedger) -> Result<AllocatePlan, AllocateError>,
+    ) -> Result<(), (Status, &'static str)> {
         let mut retried = false;
         loop {
-            let plan = match st.ledger.allocate(&ids, now()) {
+            let plan = match make(&mut st.ledger) {
                 Ok(plan) => plan,
                 Err(e) => {
-                    tracing::warn!(devices = ?ids, error = %e, "Allocate refused");
+                    tracing::warn!(devices = %what, error = %e, "claim refused");
                     return Err(allocate_status(&e));
                 }
             };
@@ -486,15 +506,15 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                             "expired",
                         ));
                     }
-                    break;
+                    return Ok(());
                 }
                 Durable::Conflict { slot, node } => {
                     let fx = st
                         .ledger
                         .claim_conflict(plan.id, &slot, &node)
                         .unwrap_or_default();
-                    self.apply(&mut st, fx).await;
-                    tracing::warn!(%slot, holder = %node, "Allocate lost the slot to another node");
+                    self.apply(st, fx).await;
+                    tracing::warn!(%slot, holder = %node, "claim lost the slot to another node");
                     return Err((
                         Status::failed_precondition(format!(
                             "slot {slot:?} is held by node {node:?} (claimed in the cluster first); nothing was allocated"
@@ -503,32 +523,25 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                     ));
                 }
                 Durable::ClusterDown(m) if !retried => {
-                    // Once more against the local ledger only: unshared
-                    // devices allocate, shared ones fail closed.
-                    tracing::warn!(error = %m, "API server unreachable during Allocate; retrying against the local ledger");
+                    tracing::warn!(error = %m, "API server unreachable while claiming; retrying against the local ledger");
                     let mut fx = st.ledger.cluster_reachability(false);
                     fx.extend(st.ledger.abort(plan.id).unwrap_or_default());
-                    self.apply(&mut st, fx).await;
+                    self.apply(st, fx).await;
                     retried = true;
                 }
                 Durable::ClusterDown(m) | Durable::Failed(m) => {
                     let fx = st.ledger.abort(plan.id).unwrap_or_default();
-                    self.apply(&mut st, fx).await;
-                    tracing::error!(devices = ?ids, error = %m, "Allocate failed: slot claims could not be made durable");
+                    self.apply(st, fx).await;
+                    tracing::error!(devices = %what, error = %m, "slot claims could not be made durable");
                     return Err((
                         Status::unavailable(format!(
-                            "slot claims for {ids:?} could not be made durable: {m}; nothing was allocated"
+                            "slot claims for {what} could not be made durable: {m}; nothing was allocated"
                         )),
                         "store_failed",
                     ));
                 }
             }
         }
-        let response = self.response(&st, req);
-        drop(st);
-        let _ = self.followup.send(());
-        tracing::info!(devices = ?ids, "Allocate answered");
-        Ok(response)
     }
 
     fn response(&self, st: &State, req: &AllocateRequest) -> AllocateResponse {

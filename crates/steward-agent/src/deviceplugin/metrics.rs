@@ -43,6 +43,15 @@ pub struct DevicePluginMetrics {
     /// `steward_deviceplugin_slots_released_total`: slots freed (pod gone,
     /// expired, rolled back).
     pub released: Counter,
+    /// `steward_dra_prepares_total{result}`: NodePrepareResources per
+    /// claim, by outcome.
+    pub prepares: Family<ResultLabels, Counter>,
+    /// `steward_dra_prepare_seconds`: one claim's prepare, durable slot
+    /// claims included.
+    pub prepare_seconds: Histogram,
+    /// `steward_dra_unprepares_total{result}`: NodeUnprepareResources per
+    /// claim (`ok`, or `none` when it held nothing).
+    pub unprepares: Family<ResultLabels, Counter>,
 }
 
 impl Default for DevicePluginMetrics {
@@ -54,6 +63,9 @@ impl Default for DevicePluginMetrics {
             plugins: Gauge::default(),
             claim_ops: Family::default(),
             released: Counter::default(),
+            prepares: Family::default(),
+            prepare_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            unprepares: Family::default(),
         }
     }
 }
@@ -70,6 +82,21 @@ impl DevicePluginMetrics {
             "steward_deviceplugin_allocate_seconds",
             "Device plugin Allocate latency, durable slot claims included",
             self.allocate_seconds.clone(),
+        );
+        registry.register(
+            "steward_dra_prepares",
+            "DRA NodePrepareResources outcomes, per claim",
+            self.prepares.clone(),
+        );
+        registry.register(
+            "steward_dra_prepare_seconds",
+            "DRA claim prepare latency, durable slot claims included",
+            self.prepare_seconds.clone(),
+        );
+        registry.register(
+            "steward_dra_unprepares",
+            "DRA NodeUnprepareResources outcomes, per claim",
+            self.unprepares.clone(),
         );
         registry.register(
             "steward_deviceplugin_registrations",
@@ -91,6 +118,22 @@ impl DevicePluginMetrics {
             "Slot claims released (pod gone, expired, rolled back)",
             self.released.clone(),
         );
+    }
+
+    pub(crate) fn preparation(&self, result: &str) {
+        self.prepares
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn unprepared(&self, result: &str) {
+        self.unprepares
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
     }
 
     pub(crate) fn allocation(&self, result: &str) {

@@ -34,6 +34,7 @@ mod metrics;
 mod names;
 mod plugin;
 mod podresources;
+mod prepare;
 mod serving;
 mod view;
 mod watch;
@@ -54,8 +55,9 @@ pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels};
 pub use self::names::{env_name, resource_name, socket_name};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
+pub use self::prepare::{AllocatedDevice, PreparedDevice};
 
-use self::keeper::SlotKeeper;
+pub(crate) use self::keeper::SlotKeeper;
 use self::plugin::PluginSite;
 pub(crate) use self::plugin::finish_task;
 use self::watch::CatalogEvent;
@@ -82,6 +84,8 @@ pub struct DevicePluginConfig {
     pub poll: Duration,
     /// Upper bound on one claim store operation or kubelet call.
     pub op_timeout: Duration,
+    /// The DRA kubelet plugin, on the same slot ledger; `None`: not served.
+    pub dra: Option<crate::dra::DraPluginConfig>,
 }
 
 impl DevicePluginConfig {
@@ -97,6 +101,7 @@ impl DevicePluginConfig {
             tick_interval: Duration::from_millis(500),
             poll: Duration::from_millis(100),
             op_timeout: Duration::from_secs(5),
+            dra: None,
         }
     }
 }
@@ -215,6 +220,14 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     tasks.spawn(watch::watch_reservations(client.clone(), core.clone()));
     if let Some(hub) = view {
         tasks.spawn(view::publish(core.clone(), hub));
+    }
+    if let Some(dra) = config.dra.clone() {
+        tasks.spawn(crate::dra::kubelet::serve(
+            Arc::downgrade(&core),
+            client.clone(),
+            dra,
+            readiness.clone(),
+        ));
     }
 
     let serving = serving::ServingBoard::default();

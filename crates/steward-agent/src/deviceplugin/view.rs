@@ -1,6 +1,8 @@
 //! The device plugins' slots as the `Slots` source of the node view: every
 //! attributed slot under its holder pod and container, with its resource
-//! name and NUMA nodes; every slot of every served Instance as allocatable.
+//! name and NUMA nodes; every slot prepared for a DRA claim as the
+//! `dynamic_resources` of the claim's containers; every slot of every
+//! served Instance as allocatable.
 //!
 //! Published by one task, woken (coalesced) whenever the core's state is
 //! locked, that takes one consistent copy of the ledger under the lock and
@@ -10,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use steward_core::ledger::{Allocatable, Holding, PodAssignments, Source};
+use steward_core::ledger::{
+    Allocatable, ClaimDevice, ClaimHold, DynamicAssignment, Holding, PodAssignments, Source,
+};
 use steward_podresources::Hub;
 
 use super::keeper::{SlotKeeper, State};
@@ -24,6 +28,8 @@ pub(crate) struct Served {
     numa: BTreeSet<i64>,
     capacity: u32,
     usable: bool,
+    /// CDI device name (empty without CDI).
+    cdi: String,
 }
 
 /// The raw copy taken under the core's lock: the ledger's holdings and the
@@ -42,6 +48,7 @@ pub(crate) fn copy(st: &State) -> (Vec<Holding>, BTreeMap<String, Served>) {
                     numa: inst.numa.iter().copied().collect(),
                     capacity: inst.capacity,
                     usable: inst.usable,
+                    cdi: inst.cdi_name.clone(),
                 },
             )
         })
@@ -56,7 +63,6 @@ pub(crate) fn slots_view(
 ) -> (Vec<PodAssignments>, Allocatable, BTreeSet<String>) {
     let mut pods: BTreeMap<String, PodAssignments> = BTreeMap::new();
     for h in holdings {
-        let Some(holder) = h.holder else { continue };
         let Some(inst) = h
             .resource
             .rsplit_once('-')
@@ -64,6 +70,11 @@ pub(crate) fn slots_view(
         else {
             continue;
         };
+        if let Some(hold) = h.claim {
+            add_claim(&mut pods, &hold, inst);
+            continue;
+        }
+        let Some(holder) = h.holder else { continue };
         let pod = pods
             .entry(holder.pod.uid.clone())
             .or_insert_with(|| PodAssignments::new(holder.pod.clone()));
@@ -87,6 +98,45 @@ pub(crate) fn slots_view(
         }
     }
     (pods.into_values().collect(), allocatable, names)
+}
+
+/// A slot prepared for a DRA claim, under every container of every pod the
+/// claim was prepared for (`dynamic_resources` in pod resources).
+fn add_claim(pods: &mut BTreeMap<String, PodAssignments>, hold: &ClaimHold, inst: &Served) {
+    let device = ClaimDevice {
+        driver_name: steward_core::dra::DRIVER.to_owned(),
+        pool_name: hold.pool.clone(),
+        device_name: hold.device.clone(),
+        cdi_devices: if inst.cdi.is_empty() {
+            Vec::new()
+        } else {
+            vec![inst.cdi.clone()]
+        },
+    };
+    for user in &hold.users {
+        let pod = pods
+            .entry(user.pod.uid.clone())
+            .or_insert_with(|| PodAssignments::new(user.pod.clone()));
+        let container = pod.container_mut(user.container.as_deref().unwrap_or_default());
+        let at = match container.dynamic.iter().position(|d| {
+            d.claim_name == hold.claim.name && d.claim_namespace == hold.claim.namespace
+        }) {
+            Some(at) => at,
+            None => {
+                container.dynamic.push(DynamicAssignment {
+                    claim_name: hold.claim.name.clone(),
+                    claim_namespace: hold.claim.namespace.clone(),
+                    devices: Vec::new(),
+                });
+                container.dynamic.len() - 1
+            }
+        };
+        if let Some(d) = container.dynamic.get_mut(at) {
+            d.devices.push(device.clone());
+            d.devices.sort();
+        }
+        container.dynamic.sort();
+    }
 }
 
 /// The shortest time between two publications: a burst of Allocates is
@@ -132,5 +182,6 @@ fn same_served(a: &BTreeMap<String, Served>, b: &BTreeMap<String, Served>) -> bo
                 && va.numa == vb.numa
                 && va.capacity == vb.capacity
                 && va.usable == vb.usable
+                && va.cdi == vb.cdi
         })
 }

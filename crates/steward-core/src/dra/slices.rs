@@ -116,6 +116,35 @@ fn shared_pool(instance: &str) -> String {
     format!("shared/{}-{hash:016x}", head.trim_end_matches(['-', '.']))
 }
 
+/// The pool a slot of `instance` is published in: the node's own pool, or
+/// the shared Instance's pool.
+pub fn pool_of(node: &str, instance: &str, shared: bool) -> String {
+    if shared {
+        shared_pool(instance)
+    } else {
+        node.to_owned()
+    }
+}
+
+/// The slot an allocated DRA device names, read back the way [`plan`]
+/// published it: `device` must be [`device_name`] of a slot `n < capacity`
+/// of one of `instances` (name, capacity, shared) and `pool` that slot's
+/// [`pool_of`] on `node`. `None` for anything else (a device of another
+/// node, pool or driver).
+pub fn slot_for_device<'a>(
+    node: &str,
+    pool: &str,
+    device: &str,
+    instances: impl IntoIterator<Item = (&'a str, u32, bool)>,
+) -> Option<String> {
+    let (_, index) = device.rsplit_once('-')?;
+    let n: u32 = index.parse().ok()?;
+    instances.into_iter().find_map(|(name, capacity, shared)| {
+        (n < capacity && device_name(name, n) == device && pool_of(node, name, shared) == pool)
+            .then(|| slot_id(name, n))
+    })
+}
+
 /// The slices `node` writes for `instances`: its own pool (Instances only
 /// it sees) and the pools of the shared Instances it is the [`writer`] of.
 /// Also returns what was left out, one line each (property names that
@@ -265,5 +294,40 @@ mod tests {
         assert_eq!(next_generation(None, false), 1);
         assert_eq!(next_generation(Some(4), true), 4);
         assert_eq!(next_generation(Some(4), false), 5);
+    }
+
+    #[test]
+    fn allocated_devices_read_back_as_the_slots_they_were_published_for() {
+        let long = "a".repeat(70);
+        let insts = [
+            ("cam", 2, false),
+            ("usb.bus", 1, true),
+            (long.as_str(), 1, false),
+        ];
+        assert_eq!(
+            slot_for_device("node-a", "node-a", "cam-1", insts),
+            Some("cam-1".to_owned())
+        );
+        // Slot out of range, wrong pool, unknown device.
+        assert_eq!(slot_for_device("node-a", "node-a", "cam-2", insts), None);
+        assert_eq!(slot_for_device("node-a", "node-b", "cam-1", insts), None);
+        assert_eq!(slot_for_device("node-a", "node-a", "gpu-0", insts), None);
+        let shared = device_name("usb.bus", 0);
+        assert_ne!(shared, "usb.bus-0");
+        assert_eq!(
+            slot_for_device(
+                "node-a",
+                &pool_of("node-a", "usb.bus", true),
+                &shared,
+                insts
+            ),
+            Some("usb.bus-0".to_owned())
+        );
+        assert_eq!(slot_for_device("node-a", "node-a", &shared, insts), None);
+        let hashed = device_name(&long, 0);
+        assert_eq!(
+            slot_for_device("node-a", "node-a", &hashed, insts),
+            Some(format!("{long}-0"))
+        );
     }
 }

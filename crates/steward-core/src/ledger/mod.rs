@@ -162,7 +162,7 @@ pub struct Holding {
     /// a resource has no `holder`: it is held until the claim is
     /// unprepared, whatever its pods do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<ClaimHold>,
+    pub claim: Option<Box<ClaimHold>>,
 }
 
 impl Holding {
@@ -195,7 +195,7 @@ impl Holding {
             holder: None,
             since,
             reservation: None,
-            claim: Some(claim),
+            claim: Some(Box::new(claim)),
         }
     }
 

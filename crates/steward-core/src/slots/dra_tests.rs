@@ -51,7 +51,7 @@ fn a_prepared_slot_is_refused_to_the_device_plugin_and_reported_unhealthy() {
     let mut l = ledger();
     let writes = prepared(&mut l, "c1", &["usb-0"], 10);
     assert_eq!(writes.len(), 1);
-    assert_eq!(writes[0].holding.claim, Some(hold("c1")));
+    assert_eq!(writes[0].holding.claim, Some(Box::new(hold("c1"))));
     assert_eq!(writes[0].holding.holder, None);
     assert_eq!(l.health_of("usb-0"), Some(Health::Unhealthy));
     assert_eq!(l.health_of("usb-1"), Some(Health::Healthy));

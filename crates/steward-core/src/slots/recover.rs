@@ -143,7 +143,7 @@ impl SlotLedger {
                 // unprepares it after the pod, a retry included), unless
                 // it is a shared slot the reachable cluster never got: that
                 // prepare was never answered, and kubelet prepares again.
-                (!(shared && known_cluster && !own_cluster.contains_key(slot))).then(|| {
+                (!(shared && known_cluster && !own_cluster.contains_key(slot))).then_some(
                     LocalClaim {
                         epoch: record.epoch,
                         holder: None,
@@ -152,8 +152,8 @@ impl SlotLedger {
                         answered: None,
                         plan: None,
                         dra: Some(hold),
-                    }
-                })
+                    },
+                )
             } else if let Some(holder) = live_holder {
                 Some(LocalClaim {
                     epoch: record.epoch,

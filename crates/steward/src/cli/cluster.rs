@@ -650,6 +650,7 @@ mod tests {
                 since: 0,
                 awaiting: None,
                 reservation: None,
+                resource_claim: None,
             },
         );
         assert_eq!(claim_state(&c), "Pending");

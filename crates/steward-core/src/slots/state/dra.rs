@@ -75,7 +75,7 @@ impl SlotLedger {
             plan.slots.push((slot.clone(), None));
             claim.epoch = epoch;
             claim.plan = Some(id);
-            claim.dra = Some(hold.clone());
+            claim.dra = Some(Box::new(hold.clone()));
             writes.push(self.record(slot, &self.claims[slot.as_str()]));
         }
         self.plans.insert(id, plan);

@@ -31,7 +31,7 @@ pub(super) struct LocalClaim {
     pub(super) plan: Option<PlanId>,
     /// Held by a DRA ResourceClaim (prepared), not by a pod: `holder` and
     /// `awaiting` stay `None` and pod rules never touch it.
-    pub(super) dra: Option<ClaimHold>,
+    pub(super) dra: Option<Box<ClaimHold>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,157 @@
+//! DRA claims on the slot keeper: kubelet's NodePrepareResources and
+//! NodeUnprepareResources (served by `crate::dra::kubelet`) land here, on
+//! the same ledger, lock and stores as the device plugins' Allocate.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use steward_core::dra::slot_for_device;
+use steward_core::ledger::{ClaimHold, ClaimRef, Holder};
+
+use super::keeper::{SlotKeeper, now};
+use crate::claims::ClaimStore;
+
+/// One device the scheduler allocated to a claim, as its status names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+}
+
+/// An allocated device prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    /// The slot it is (`<instance>-<n>`).
+    pub slot: String,
+    /// What the container gets: the Instance's CDI device.
+    pub cdi_ids: Vec<String>,
+}
+
+impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
+    /// Prepares `devices` for `claim` (used by `users`): resolves each
+    /// device to the slot it was published as, claims them all durably or
+    /// none, and answers their CDI devices. Idempotent for a claim already
+    /// prepared. The error says why nothing was prepared.
+    pub async fn prepare_claim(
+        &self,
+        claim: &ClaimRef,
+        users: &[Holder],
+        devices: &[AllocatedDevice],
+    ) -> Result<Vec<PreparedDevice>, String> {
+        let started = Instant::now();
+        let result = self.prepare_inner(claim, users, devices).await;
+        self.metrics
+            .prepare_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.preparation(match &result {
+            Ok(_) => "ok",
+            Err((_, label)) => label,
+        });
+        result.map_err(|(m, _)| m)
+    }
+
+    async fn prepare_inner(
+        &self,
+        claim: &ClaimRef,
+        users: &[Holder],
+        devices: &[AllocatedDevice],
+    ) -> Result<Vec<PreparedDevice>, (String, &'static str)> {
+        if devices.is_empty() {
+            return Err((
+                format!(
+                    "ResourceClaim {claim} has no device of driver {} allocated",
+                    steward_core::dra::DRIVER
+                ),
+                "no_devices",
+            ));
+        }
+        let mut st = self.lock().await;
+        let mut prepared = Vec::new();
+        let mut holds = Vec::new();
+        for d in devices {
+            let instances = st
+                .instances
+                .values()
+                .map(|i| (i.name.as_str(), i.capacity, i.shared));
+            let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances) else {
+                return Err((
+                    format!(
+                        "device {}/{} of ResourceClaim {claim} is not a device of node {}; nothing was prepared",
+                        d.pool, d.device, self.node
+                    ),
+                    "unknown_device",
+                ));
+            };
+            let cdi = st
+                .instances
+                .get(slot.rsplit_once('-').map(|(i, _)| i).unwrap_or_default())
+                .map(|i| i.cdi_name.clone())
+                .unwrap_or_default();
+            if !self.cdi || cdi.is_empty() {
+                return Err((
+                    format!(
+                        "device {} cannot be handed to a container: CDI is off on this node (the agent needs --cdi-dir for DRA)",
+                        d.device
+                    ),
+                    "no_cdi",
+                ));
+            }
+            let hold = ClaimHold {
+                claim: claim.clone(),
+                request: d.request.clone(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                users: users.to_vec(),
+            };
+            holds.push((slot.clone(), hold));
+            prepared.push(PreparedDevice {
+                request: d.request.clone(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                slot,
+                cdi_ids: vec![cdi],
+            });
+        }
+        let what = format!("ResourceClaim {claim}");
+        let result = self
+            .claim_durably(&mut st, &what, |ledger| ledger.prepare(&holds, now()))
+            .await;
+        // The slots turned Unhealthy for the device plugins when the plan
+        // was made, and back if it was rolled back.
+        let touched: BTreeSet<&str> = holds
+            .iter()
+            .filter_map(|(s, _)| s.rsplit_once('-').map(|(i, _)| i))
+            .collect();
+        for instance in touched {
+            st.push_health(instance);
+        }
+        drop(st);
+        match result {
+            Ok(()) => {
+                tracing::info!(%claim, slots = ?prepared.iter().map(|p| &p.slot).collect::<Vec<_>>(), "DRA claim prepared");
+                Ok(prepared)
+            }
+            Err((status, label)) => Err((status.message().to_owned(), label)),
+        }
+    }
+
+    /// Unprepares the claim with `uid`: frees exactly the slots it holds
+    /// (none if it holds none) and returns them.
+    pub async fn unprepare_claim(&self, uid: &str) -> Vec<String> {
+        let mut st = self.lock().await;
+        let slots = st.ledger.prepared_for(uid);
+        let effects = st.ledger.unprepare(uid);
+        self.apply(&mut st, effects).await;
+        drop(st);
+        self.metrics
+            .unprepared(if slots.is_empty() { "none" } else { "ok" });
+        if !slots.is_empty() {
+            tracing::info!(claim_uid = %uid, ?slots, "DRA claim unprepared");
+        }
+        slots
+    }
+}

@@ -1,0 +1,334 @@
+//! The DRA kubelet plugin: what kubelet's plugin watcher and DRA manager
+//! call.
+//!
+//! * **Registration** on `<kubelet>/plugins_registry/steward.dev-reg.sock`
+//!   (`pluginregistration.Registration`): GetInfo answers type
+//!   [`PLUGIN_TYPE`], the driver name, the DRA socket and the service
+//!   version [`SERVICE_VERSION`]; NotifyRegistrationStatus marks the plugin
+//!   ready (or logs kubelet's refusal).
+//! * **DRAPlugin** (`k8s.io.kubelet.pkg.apis.dra.v1`) on
+//!   `<kubelet>/plugins/steward.dev/dra.sock`: NodePrepareResources reads
+//!   each claim's allocation from the API and prepares its devices on the
+//!   slot ledger (durable before the answer), answering the Instances' CDI
+//!   devices; NodeUnprepareResources frees exactly what the claim holds.
+//!   Batch semantics: one answer per claim UID, each with its own error;
+//!   one claim failing disturbs no other.
+//!
+//! Both sockets are re-bound if they disappear. Unprepare of a claim that
+//! holds nothing answers success: kubelet retries an unprepare error until
+//! it succeeds, so an error would keep the pod from finishing for nothing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use steward_core::dra::DRIVER;
+use steward_core::ledger::ClaimRef;
+use steward_nodeio::{BindOptions, SocketGuard, UnixIncoming};
+use steward_proto::dra::v1::{
+    Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
+    NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
+    NodeUnprepareResourcesResponse,
+    dra_plugin_server::{DraPlugin, DraPluginServer},
+};
+use steward_proto::pluginregistration::v1::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+    registration_server::{Registration, RegistrationServer},
+};
+use tokio_util::task::AbortOnDropHandle;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use super::claims::read_claim;
+use crate::claims::ClaimStore;
+use crate::deviceplugin::SlotKeeper;
+
+/// The plugin type kubelet's plugin watcher routes to its DRA manager.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The gRPC service kubelet 1.34+ calls, as listed in `supported_versions`.
+pub const SERVICE_VERSION: &str = "v1.DRAPlugin";
+/// File name of the registration socket in kubelet's `plugins_registry`.
+pub const REGISTRATION_SOCKET: &str = "steward.dev-reg.sock";
+/// File name of the DRA socket in `<kubelet>/plugins/steward.dev/`.
+pub const PLUGIN_SOCKET: &str = "dra.sock";
+/// The readiness condition: registered with kubelet.
+pub const READINESS: &str = "dra-plugin";
+
+/// Largest message decoded or encoded (gRPC's default, as kubelet's).
+const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Only kubelet (root) connects.
+const SOCKET_MODE: u32 = 0o600;
+
+/// Where the kubelet plugin lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraPluginConfig {
+    /// kubelet's plugin watcher directory (`<kubelet>/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// This driver's directory (`<kubelet>/plugins/steward.dev`).
+    pub plugin_dir: PathBuf,
+    /// How often the sockets are checked for removal.
+    pub poll: Duration,
+    /// Bound on each API read of a prepare.
+    pub op_timeout: Duration,
+}
+
+impl DraPluginConfig {
+    /// Defaults for a kubelet rooted at `kubelet_root`.
+    pub fn new(kubelet_root: &Path) -> Self {
+        Self {
+            registry_dir: kubelet_root.join("plugins_registry"),
+            plugin_dir: kubelet_root.join("plugins").join(DRIVER),
+            poll: Duration::from_millis(200),
+            op_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(REGISTRATION_SOCKET)
+    }
+
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.plugin_dir.join(PLUGIN_SOCKET)
+    }
+}
+
+struct Registrar {
+    endpoint: String,
+    readiness: steward_nodeio::Readiness,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.to_owned(),
+            name: DRIVER.to_owned(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec![SERVICE_VERSION.to_owned()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(
+                driver = DRIVER,
+                "DRA kubelet plugin registered with kubelet"
+            );
+            self.readiness.ready(READINESS);
+        } else {
+            tracing::error!(driver = DRIVER, error = %status.error, "kubelet refused the DRA kubelet plugin");
+            self.readiness.not_ready(
+                READINESS,
+                format!("kubelet refused the registration: {}", status.error),
+            );
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+struct Node<L, C> {
+    core: Weak<SlotKeeper<L, C>>,
+    client: kube::Client,
+    op_timeout: Duration,
+}
+
+impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
+    fn core(&self) -> Result<Arc<SlotKeeper<L, C>>, Status> {
+        self.core
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("steward agent is shutting down"))
+    }
+
+    async fn prepare_one(
+        &self,
+        core: &SlotKeeper<L, C>,
+        claim: Claim,
+    ) -> NodePrepareResourceResponse {
+        let claim = ClaimRef::new(claim.uid, claim.namespace, claim.name);
+        let result = match read_claim(&self.client, &claim, self.op_timeout).await {
+            Ok(allocated) => {
+                core.prepare_claim(&claim, &allocated.users, &allocated.devices)
+                    .await
+            }
+            Err(e) => {
+                core.metrics.preparation("claim_unreadable");
+                Err(e)
+            }
+        };
+        match result {
+            Ok(devices) => NodePrepareResourceResponse {
+                devices: devices
+                    .into_iter()
+                    .map(|d| Device {
+                        request_names: vec![d.request],
+                        pool_name: d.pool,
+                        device_name: d.device,
+                        cdi_device_ids: d.cdi_ids,
+                        share_id: None,
+                    })
+                    .collect(),
+                error: String::new(),
+            },
+            Err(error) => {
+                tracing::warn!(%claim, %error, "NodePrepareResources refused a claim");
+                NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                }
+            }
+        }
+    }
+}
+
+fn valid(claim: &Claim) -> Result<(), String> {
+    if claim.uid.is_empty() || claim.name.is_empty() || claim.namespace.is_empty() {
+        return Err(format!(
+            "claim {}/{} (UID {:?}) lacks a namespace, name or UID",
+            claim.namespace, claim.name, claim.uid
+        ));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let core = self.core()?;
+        let mut claims = HashMap::new();
+        let mut pending = Vec::new();
+        for claim in request.into_inner().claims {
+            match valid(&claim) {
+                Ok(()) => pending.push(claim),
+                Err(error) => {
+                    claims.insert(
+                        claim.uid.clone(),
+                        NodePrepareResourceResponse {
+                            devices: Vec::new(),
+                            error,
+                        },
+                    );
+                }
+            }
+        }
+        let answers = futures::future::join_all(pending.into_iter().map(|c| {
+            let uid = c.uid.clone();
+            let core = &core;
+            async move { (uid, self.prepare_one(core, c).await) }
+        }))
+        .await;
+        claims.extend(answers);
+        Ok(Response::new(NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let core = self.core()?;
+        let mut claims = HashMap::new();
+        for claim in request.into_inner().claims {
+            let error = match valid(&claim) {
+                Ok(()) => {
+                    core.unprepare_claim(&claim.uid).await;
+                    String::new()
+                }
+                Err(e) => e,
+            };
+            claims.insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+fn bind(path: &Path) -> Option<(tokio::net::UnixListener, SocketGuard)> {
+    if let Some(dir) = path.parent()
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        tracing::warn!(path = %dir.display(), error = %e, "cannot create the DRA plugin directory");
+        return None;
+    }
+    match steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE)) {
+        Ok(bound) => Some(bound),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot bind a DRA plugin socket; retrying");
+            None
+        }
+    }
+}
+
+/// Serves the kubelet plugin until the task is dropped or aborted (the
+/// sockets go with it). The DRA socket is bound before the registration
+/// socket, so kubelet never finds a plugin it cannot call.
+pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
+    core: Weak<SlotKeeper<L, C>>,
+    client: kube::Client,
+    config: DraPluginConfig,
+    readiness: steward_nodeio::Readiness,
+) {
+    readiness.not_ready(READINESS, "not registered with kubelet yet");
+    loop {
+        let Some((plugin_listener, plugin_guard)) = bind(&config.plugin_socket()) else {
+            tokio::time::sleep(config.poll).await;
+            continue;
+        };
+        let node = Node {
+            core: core.clone(),
+            client: client.clone(),
+            op_timeout: config.op_timeout,
+        };
+        let plugin = AbortOnDropHandle::new(tokio::spawn(async move {
+            let served = Server::builder()
+                .add_service(
+                    DraPluginServer::new(node)
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
+                .serve_with_incoming(UnixIncoming::new(plugin_listener))
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "DRA plugin server failed");
+            }
+        }));
+        let Some((reg_listener, reg_guard)) = bind(&config.registration_socket()) else {
+            drop(plugin);
+            drop(plugin_guard);
+            tokio::time::sleep(config.poll).await;
+            continue;
+        };
+        let registrar = Registrar {
+            endpoint: config.plugin_socket().display().to_string(),
+            readiness: readiness.clone(),
+        };
+        let registration = AbortOnDropHandle::new(tokio::spawn(async move {
+            let served = Server::builder()
+                .add_service(RegistrationServer::new(registrar))
+                .serve_with_incoming(UnixIncoming::new(reg_listener))
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "DRA registration server failed");
+            }
+        }));
+        tracing::info!(
+            registration = %config.registration_socket().display(),
+            endpoint = %config.plugin_socket().display(),
+            "DRA kubelet plugin serving"
+        );
+        while plugin_guard.is_in_place() && reg_guard.is_in_place() {
+            tokio::time::sleep(config.poll).await;
+        }
+        tracing::warn!("a DRA plugin socket was removed; serving again");
+        readiness.not_ready(READINESS, "re-registering with kubelet");
+        drop(registration);
+        drop(plugin);
+        drop(reg_guard);
+        drop(plugin_guard);
+    }
+}

@@ -1,0 +1,292 @@
+//! The DRA kubelet plugin over its real sockets, the way kubelet calls it:
+//! registration (GetInfo / NotifyRegistrationStatus), then
+//! NodePrepareResources / NodeUnprepareResources for ResourceClaims the
+//! API server stand-in holds — beside the device plugins on the same slot
+//! ledger, across an agent kill.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod dp;
+
+use std::path::Path;
+
+use dp::*;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use steward_agent::dra::DraPluginConfig;
+use steward_core::dra::device_name;
+use steward_proto::dra::v1::{
+    Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest,
+    dra_plugin_client::DraPluginClient,
+};
+use steward_proto::pluginregistration::v1::{
+    InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
+};
+use steward_proto::uds::{UnixConnector, endpoint};
+use steward_testing_apiserver::ApiServer;
+use tonic::transport::Channel;
+
+async fn channel(path: &Path) -> Channel {
+    eventually(&format!("socket {}", path.display()), WAIT, || async {
+        endpoint()
+            .connect_with_connector(UnixConnector::new(path))
+            .await
+            .ok()
+    })
+    .await
+}
+
+/// Creates a ResourceClaim allocated to `devices` (pool, device) of
+/// driver steward.dev (or `driver`), reserved for pod `web`; returns its UID.
+async fn allocated_claim(
+    server: &ApiServer,
+    name: &str,
+    driver: &str,
+    devices: &[(&str, String)],
+) -> String {
+    let api: Api<ResourceClaim> = Api::namespaced(server.client(), NS);
+    let mut claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ResourceClaim::default()
+    };
+    claim = api.create(&PostParams::default(), &claim).await.unwrap();
+    claim.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(
+                    devices
+                        .iter()
+                        .map(|(pool, device)| DeviceRequestAllocationResult {
+                            request: "cam".into(),
+                            driver: driver.into(),
+                            pool: (*pool).into(),
+                            device: device.clone(),
+                            ..DeviceRequestAllocationResult::default()
+                        })
+                        .collect(),
+                ),
+                ..DeviceAllocationResult::default()
+            }),
+            ..AllocationResult::default()
+        }),
+        reserved_for: Some(vec![ResourceClaimConsumerReference {
+            resource: "pods".into(),
+            name: "web".into(),
+            uid: "web-uid".into(),
+            api_group: None,
+        }]),
+        ..ResourceClaimStatus::default()
+    });
+    let claim = api
+        .replace_status(name, &PostParams::default(), &claim)
+        .await
+        .unwrap();
+    claim.metadata.uid.unwrap()
+}
+
+fn claim(name: &str, uid: &str) -> Claim {
+    Claim {
+        namespace: NS.into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let dra = DraPluginConfig::new(&node.root);
+    cfg.device_plugins.as_mut().unwrap().dra = Some(dra.clone());
+    let mut agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 2),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    let res = resource(&inst);
+    node.kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
+        .await
+        .unwrap();
+
+    // Registration, as kubelet's plugin watcher does it.
+    let mut reg = RegistrationClient::new(channel(&dra.registration_socket()).await);
+    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "steward.dev");
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    assert_eq!(Path::new(&info.endpoint), dra.plugin_socket());
+    reg.notify_registration_status(RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .unwrap();
+    let mut plugin = DraPluginClient::new(channel(Path::new(&info.endpoint)).await);
+
+    // One batch: a good claim, a device of another node, another
+    // driver's claim, a claim the API no longer has, a replaced claim.
+    let dev0 = device_name(&instance, 0);
+    let good = allocated_claim(&server, "good", "steward.dev", &[("node-a", dev0.clone())]).await;
+    let elsewhere = allocated_claim(
+        &server,
+        "elsewhere",
+        "steward.dev",
+        &[("node-b", dev0.clone())],
+    )
+    .await;
+    let foreign = allocated_claim(
+        &server,
+        "foreign",
+        "gpu.example.com",
+        &[("node-a", dev0.clone())],
+    )
+    .await;
+    let answer = plugin
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![
+                claim("good", &good),
+                claim("elsewhere", &elsewhere),
+                claim("foreign", &foreign),
+                claim("gone", "gone-uid"),
+                claim("good", "an-older-uid"),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims.len(), 5, "{answer:?}");
+    let ok = &answer.claims[&good];
+    assert_eq!(ok.error, "", "{answer:?}");
+    assert_eq!(ok.devices.len(), 1);
+    assert_eq!(ok.devices[0].device_name, dev0);
+    assert_eq!(ok.devices[0].pool_name, "node-a");
+    assert_eq!(ok.devices[0].request_names, ["cam"]);
+    assert_eq!(
+        ok.devices[0].cdi_device_ids,
+        [format!("steward.dev/cams={instance}")]
+    );
+    for (uid, says) in [
+        (&elsewhere, "not a device of node node-a"),
+        (&foreign, "no device of driver steward.dev"),
+        (&"gone-uid".to_owned(), "no longer exists"),
+        (&"an-older-uid".to_owned(), "was replaced"),
+    ] {
+        let err = &answer.claims[uid].error;
+        assert!(err.contains(says), "{uid}: {err:?}");
+        assert!(answer.claims[uid].devices.is_empty());
+    }
+    let slot0 = format!("{instance}-0");
+    let held = claim_of(&server, &slot0)
+        .await
+        .expect("cluster claim of the prepared slot");
+    let rc = held
+        .spec
+        .resource_claim
+        .as_ref()
+        .expect("held by the claim");
+    assert_eq!((rc.name.as_str(), rc.uid.as_str()), ("good", good.as_str()));
+    assert!(held.spec.pod.is_none());
+
+    // The device plugin no longer offers the prepared slot: one pod gets
+    // the other slot, the next finds no device.
+    node.kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 1, WAIT)
+        .await
+        .unwrap();
+    let a = node.kubelet.add_pod(pod("dp-a", &res)).await.unwrap();
+    let slot1 = format!("{instance}-1");
+    assert_eq!(
+        slot_of(&node.kubelet, &a.uid, &res).as_deref(),
+        Some(slot1.as_str())
+    );
+    assert!(node.kubelet.add_pod(pod("dp-b", &res)).await.is_err());
+    wait_bound(&server, &slot1, &a.uid).await;
+
+    // A claim on the device plugin's slot is refused; a second prepare of
+    // the good claim is the same answer.
+    let taken = allocated_claim(
+        &server,
+        "taken",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 1))],
+    )
+    .await;
+    let again = plugin
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![claim("good", &good), claim("taken", &taken)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.claims[&good], answer.claims[&good]);
+    assert!(
+        again.claims[&taken]
+            .error
+            .contains("in use through the device plugin"),
+        "{again:?}"
+    );
+
+    // Killed between prepare and unprepare: the slot stays the claim's.
+    let cfg = agent.kill().await;
+    agent = Agent::start(cfg);
+    // The restarted agent answers on fresh sockets (kubelet's plugin
+    // watcher sees the registration socket re-created and dials it).
+    let endpoint = eventually("the restarted agent's registration", WAIT, || async {
+        let ch = endpoint()
+            .connect_with_connector(UnixConnector::new(&dra.registration_socket()))
+            .await
+            .ok()?;
+        let info = RegistrationClient::new(ch)
+            .get_info(InfoRequest {})
+            .await
+            .ok()?;
+        Some(info.into_inner().endpoint)
+    })
+    .await;
+    let mut plugin = DraPluginClient::new(channel(Path::new(&endpoint)).await);
+    node.kubelet
+        .wait_for_resource(&res, |s| s.healthy.is_empty(), WAIT)
+        .await
+        .unwrap();
+    assert!(
+        claim_of(&server, &slot0)
+            .await
+            .is_some_and(|c| c.spec.resource_claim.is_some())
+    );
+
+    // Unprepare frees exactly the claim's slot; never-prepared is a no-op.
+    let un = plugin
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claim("good", &good), claim("never", "never-uid")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims[&good].error, "");
+    assert_eq!(un.claims["never-uid"].error, "");
+    wait_released(&server, &slot0).await;
+    wait_bound(&server, &slot1, &a.uid).await;
+    node.kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
+        .await
+        .unwrap();
+    let b = node.kubelet.add_pod(pod("dp-c", &res)).await.unwrap();
+    assert_eq!(
+        slot_of(&node.kubelet, &b.uid, &res).as_deref(),
+        Some(slot0.as_str())
+    );
+    agent.stop().await.unwrap();
+}
