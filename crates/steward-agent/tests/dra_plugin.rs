@@ -22,6 +22,10 @@ use steward_proto::dra::v1::{
     Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest,
     dra_plugin_client::DraPluginClient,
 };
+use steward_proto::dra_health::v1alpha1::{
+    HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+    dra_resource_health_client::DraResourceHealthClient,
+};
 use steward_proto::pluginregistration::v1::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
@@ -126,7 +130,10 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, "steward.dev");
-    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    );
     assert_eq!(Path::new(&info.endpoint), dra.plugin_socket());
     reg.notify_registration_status(RegistrationStatus {
         plugin_registered: true,
@@ -287,6 +294,49 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     assert_eq!(
         slot_of(&node.kubelet, &b.uid, &res).as_deref(),
         Some(slot0.as_str())
+    );
+
+    // Device health on the resource health stream: both devices healthy,
+    // then unhealthy once discovery no longer serves them here.
+    let mut health = DraResourceHealthClient::new(channel(Path::new(&endpoint)).await)
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = health.message().await.unwrap().unwrap();
+    let states = |m: &NodeWatchResourcesResponse| -> Vec<(String, i32)> {
+        m.devices
+            .iter()
+            .map(|d| (d.device.clone().unwrap().device_name, d.health))
+            .collect()
+    };
+    let healthy = HealthStatus::Healthy as i32;
+    let unhealthy = HealthStatus::Unhealthy as i32;
+    assert_eq!(
+        states(&first),
+        [
+            (dev0.clone(), healthy),
+            (device_name(&instance, 1), healthy)
+        ]
+    );
+    let configs: Api<steward_api::Configuration> = Api::namespaced(server.client(), NS);
+    configs
+        .delete("cams", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = loop {
+        let m = tokio::time::timeout(WAIT, health.message())
+            .await
+            .expect("a health update after the device left")
+            .unwrap()
+            .unwrap();
+        if m.devices.iter().all(|d| d.health == unhealthy) {
+            break m;
+        }
+    };
+    assert_eq!(
+        states(&gone),
+        [(dev0, unhealthy), (device_name(&instance, 1), unhealthy)]
     );
     agent.stop().await.unwrap();
 }

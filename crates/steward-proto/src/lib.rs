@@ -48,6 +48,16 @@ pub mod dra {
     }
 }
 
+/// Kubelet DRA resource health API (`v1alpha1`, kubelet 1.34).
+pub mod dra_health {
+    pub mod v1alpha1 {
+        tonic::include_proto!("v1alpha1");
+
+        /// The version kubelet looks for in `PluginInfo.supported_versions`.
+        pub const SERVICE_VERSION: &str = "v1alpha1.DRAResourceHealth";
+    }
+}
+
 /// Kubelet plugin watcher registration (`pluginregistration`, v1).
 pub mod pluginregistration {
     pub mod v1 {
@@ -81,6 +91,42 @@ mod tests {
         assert_eq!(
             super::deviceplugin::v1beta1::device_plugin_server::SERVICE_NAME,
             "v1beta1.DevicePlugin"
+        );
+        // Registered versions are the service names themselves.
+        assert_eq!(
+            super::dra_health::v1alpha1::dra_resource_health_server::SERVICE_NAME,
+            super::dra_health::v1alpha1::SERVICE_VERSION
+        );
+        assert!(
+            super::dra::v1::dra_plugin_server::SERVICE_NAME
+                .ends_with(super::dra::v1::SERVICE_VERSION)
+        );
+    }
+
+    /// Health values and DeviceHealth field numbers as upstream (health is
+    /// field 2 as an enum: tag 0x10, UNHEALTHY = 2; message is field 5).
+    #[test]
+    fn dra_health_encoding_matches_upstream() {
+        use super::dra_health::v1alpha1::{DeviceHealth, DeviceIdentifier, HealthStatus};
+        use prost::Message;
+        assert_eq!(HealthStatus::Unknown as i32, 0);
+        assert_eq!(HealthStatus::Healthy as i32, 1);
+        assert_eq!(HealthStatus::Unhealthy as i32, 2);
+        let h = DeviceHealth {
+            device: Some(DeviceIdentifier {
+                pool_name: "p".into(),
+                device_name: "d".into(),
+            }),
+            health: HealthStatus::Unhealthy as i32,
+            last_updated_time: 0,
+            health_check_timeout_seconds: 0,
+            message: "m".into(),
+        };
+        let bytes = h.encode_to_vec();
+        assert!(bytes.windows(2).any(|w| w == [0x10, 0x02]), "{bytes:?}");
+        assert!(
+            bytes.windows(3).any(|w| w == [0x2a, 0x01, b'm']),
+            "{bytes:?}"
         );
     }
 

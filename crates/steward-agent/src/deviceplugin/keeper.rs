@@ -133,6 +133,9 @@ pub(crate) struct SlotKeeper<L, C> {
     /// Poked whenever the state is locked (a possible change), for the
     /// node view's publisher (`view.rs`); permits coalesce.
     changed: Arc<tokio::sync::Notify>,
+    /// Bumped whenever the state is locked, for any number of followers
+    /// (the DRA health streams); they compare what they derive.
+    generation: watch::Sender<u64>,
     /// Events on the Instances (slot released, claim conflict), if any.
     events: Option<crate::events::EventSink>,
 }
@@ -214,6 +217,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             cdi,
             followup,
             changed: Arc::new(tokio::sync::Notify::new()),
+            generation: watch::channel(0).0,
             events: None,
         };
         (core, rx)
@@ -237,7 +241,13 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         // The publisher's lock queues behind this one (the mutex is fair),
         // so it sees whatever this holder changes.
         self.changed.notify_one();
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
         self.state.lock().await
+    }
+
+    /// Changes whenever the state may have changed (see [`SlotKeeper::lock`]).
+    pub(crate) fn generations(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The state, without telling the node view's publisher (it is the one

@@ -13,6 +13,8 @@
 //!   devices; NodeUnprepareResources frees exactly what the claim holds.
 //!   Batch semantics: one answer per claim UID, each with its own error;
 //!   one claim failing disturbs no other.
+//! * **DRAResourceHealth** (`v1alpha1`) on the same socket: device health
+//!   from discovery, streamed (see `health`).
 //!
 //! Both sockets are re-bound if they disappear. Unprepare of a claim that
 //! holds nothing answers success: kubelet retries an unprepare error until
@@ -32,6 +34,7 @@ use steward_proto::dra::v1::{
     NodeUnprepareResourcesResponse,
     dra_plugin_server::{DraPlugin, DraPluginServer},
 };
+use steward_proto::dra_health::v1alpha1::dra_resource_health_server::DraResourceHealthServer;
 use steward_proto::pluginregistration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
@@ -44,10 +47,11 @@ use super::claims::read_claim;
 use crate::claims::ClaimStore;
 use crate::deviceplugin::SlotKeeper;
 
-/// The plugin type kubelet's plugin watcher routes to its DRA manager.
-pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// The gRPC service kubelet 1.34+ calls, as listed in `supported_versions`.
-pub const SERVICE_VERSION: &str = "v1.DRAPlugin";
+/// The plugin type kubelet's plugin watcher routes to its DRA manager, and
+/// the gRPC service kubelet 1.34+ calls, as listed in `supported_versions`.
+pub use steward_proto::dra::v1::{PLUGIN_TYPE, SERVICE_VERSION};
+/// The health service version, also listed.
+pub use steward_proto::dra_health::v1alpha1::SERVICE_VERSION as HEALTH_SERVICE_VERSION;
 /// File name of the registration socket in kubelet's `plugins_registry`.
 pub const REGISTRATION_SOCKET: &str = "steward.dev-reg.sock";
 /// File name of the DRA socket in `<kubelet>/plugins/steward.dev/`.
@@ -105,7 +109,10 @@ impl Registration for Registrar {
             r#type: PLUGIN_TYPE.to_owned(),
             name: DRIVER.to_owned(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![SERVICE_VERSION.to_owned()],
+            supported_versions: vec![
+                SERVICE_VERSION.to_owned(),
+                HEALTH_SERVICE_VERSION.to_owned(),
+            ],
         }))
     }
 
@@ -284,6 +291,7 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
             client: client.clone(),
             op_timeout: config.op_timeout,
         };
+        let health = super::health::Health { core: core.clone() };
         let plugin = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(
@@ -291,6 +299,7 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
+                .add_service(DraResourceHealthServer::new(health))
                 .serve_with_incoming(UnixIncoming::new(plugin_listener))
                 .await;
             if let Err(e) = served {

@@ -7,14 +7,18 @@
 //! * [`kubelet`]: the kubelet plugin — registration on kubelet's
 //!   `plugins_registry` and the `v1.DRAPlugin` service
 //!   (NodePrepareResources / NodeUnprepareResources).
+//! * `health`: device health on kubelet's DRA resource health stream
+//!   (`v1alpha1.DRAResourceHealth`, served on the same socket).
 //! * [`claims`]: reading an allocated ResourceClaim (its devices of this
 //!   driver and the pods and containers using it).
 
 pub mod claims;
+mod health;
 pub mod kubelet;
 pub mod slices;
 
 pub use kubelet::{
-    DraPluginConfig, PLUGIN_SOCKET, PLUGIN_TYPE, REGISTRATION_SOCKET, SERVICE_VERSION,
+    DraPluginConfig, HEALTH_SERVICE_VERSION, PLUGIN_SOCKET, PLUGIN_TYPE, REGISTRATION_SOCKET,
+    SERVICE_VERSION,
 };
 pub use slices::{SlicePublisher, WRITER_LABEL, publish, writer_label};
