@@ -54,6 +54,12 @@ pub const SLOT_CLAIM_SHORT_NAME: &str = "sclaim";
         description = "pod using the slot, once known"
     ),
     printcolumn(
+        name = "Claim",
+        type_ = "string",
+        json_path = ".spec.resourceClaim.name",
+        description = "DRA ResourceClaim holding the slot (prepared by kubelet)"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"

@@ -384,7 +384,9 @@ pub fn when(ms: Option<i64>, now_ms: i64) -> String {
 /// awaits attribution to a pod; the pod shown may be stale) or `Pending`
 /// (claimed by a node, no pod known yet).
 pub fn claim_state(claim: &SlotClaim) -> &'static str {
-    if claim.spec.awaiting.is_some() {
+    if claim.spec.resource_claim.is_some() {
+        "Prepared"
+    } else if claim.spec.awaiting.is_some() {
         "Awaiting"
     } else if claim.spec.pod.is_some() {
         "Held"

@@ -45,13 +45,15 @@ impl SlotRow<'_> {
         self.claim.map(claim_state).unwrap_or(FREE)
     }
 
-    /// `<free>`, `ns/pod@node`, or `<pending>@node` while no pod is known.
+    /// `<free>`, `ns/pod@node`, `claim:ns/name@node` for a DRA
+    /// ResourceClaim, or `<pending>@node` while no pod is known.
     pub fn holder(&self) -> String {
         match self.claim {
             None => "<free>".into(),
-            Some(c) => match &c.spec.pod {
-                Some(p) => format!("{}/{}@{}", p.namespace, p.name, c.spec.node),
-                None => format!("<pending>@{}", c.spec.node),
+            Some(c) => match (&c.spec.resource_claim, &c.spec.pod) {
+                (Some(rc), _) => format!("claim:{}/{}@{}", rc.namespace, rc.name, c.spec.node),
+                (None, Some(p)) => format!("{}/{}@{}", p.namespace, p.name, c.spec.node),
+                (None, None) => format!("<pending>@{}", c.spec.node),
             },
         }
     }
@@ -130,6 +132,9 @@ struct SlotOut {
     pod: Option<PodRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     container: Option<String>,
+    /// The DRA ResourceClaim holding the slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_claim: Option<steward_api::ResourceClaimHold>,
     #[serde(skip_serializing_if = "Option::is_none")]
     since: Option<String>,
 }
@@ -144,6 +149,7 @@ fn slot_out(s: &SlotRow<'_>) -> SlotOut {
         node: s.claim.map(|c| c.spec.node.clone()),
         pod: s.claim.and_then(|c| c.spec.pod.clone()),
         container: s.claim.and_then(|c| c.spec.container.clone()),
+        resource_claim: s.claim.and_then(|c| c.spec.resource_claim.clone()),
         since: s.claim.and_then(claim_since_ms).map(rfc3339),
     }
 }
