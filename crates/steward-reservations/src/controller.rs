@@ -1,9 +1,10 @@
 //! `steward controller`: the only writer of reservation decisions.
 //!
 //! Replicas elect a leader on a Lease; only the leader follows the cluster
-//! and writes statuses, and it stops the moment it is no longer leader (the
-//! deciding task is dropped mid-flight; a write it had sent either landed —
-//! and is what the next leader restores — or did not).
+//! and writes statuses (and, with [`ControllerConfig::device_classes`], the
+//! DeviceClasses of [`crate::deviceclass`]), and it stops the moment it is
+//! no longer leader (the deciding task is dropped mid-flight; a write it had
+//! sent either landed — and is what the next leader restores — or did not).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,16 +34,21 @@ pub struct ControllerConfig {
     /// How often reservations are checked for expiry with nothing else
     /// happening.
     pub resync: Duration,
+    /// Also keep one `resource.k8s.io/v1` DeviceClass per Configuration
+    /// ([`crate::deviceclass`]); off by default, for clusters without that
+    /// API.
+    pub device_classes: bool,
 }
 
 impl ControllerConfig {
     /// Lease `steward-controller` in `namespace`, as `identity`; 2 minute
-    /// TTL; 1 s expiry checks.
+    /// TTL; 1 s expiry checks; no DeviceClasses.
     pub fn new(namespace: &str, identity: &str) -> Self {
         Self {
             lease: LeaseConfig::new(namespace, "steward-controller", identity),
             ttl: Duration::from_secs(120),
             resync: Duration::from_secs(1),
+            device_classes: false,
         }
     }
 }
@@ -81,9 +87,14 @@ pub async fn run(
             () = stop.cancelled() => break,
             r = leading.wait_for(|l| *l) => if r.is_err() { break },
         }
-        tracing::info!(identity = %cfg.lease.identity, "leading: deciding reservations");
+        tracing::info!(
+            identity = %cfg.lease.identity,
+            device_classes = cfg.device_classes,
+            "leading: deciding reservations"
+        );
         tokio::select! {
             () = decide(client.clone(), &cfg, events.clone()) => {}
+            () = device_classes(client.clone(), cfg.device_classes) => {}
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
             }
@@ -94,6 +105,15 @@ pub async fn run(
     let _ = events_task.await;
     election.await?;
     Ok(())
+}
+
+/// Keeps the DeviceClasses while leading when `on`; never returns.
+async fn device_classes(client: kube::Client, on: bool) {
+    if on {
+        crate::deviceclass::maintain(client).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn lost(leading: &mut watch::Receiver<bool>) {

@@ -6,11 +6,15 @@
 //!   ledger from Instances, SlotClaims, Nodes, Pods and the Reservations'
 //!   recorded statuses after each change and writes only what differs,
 //!   each write conditional on the resourceVersion it decided from.
+//! * [`deviceclass`]: with `--dra-device-classes`, the leader also keeps
+//!   one `resource.k8s.io/v1` DeviceClass per Configuration, selecting
+//!   that Configuration's devices by CEL.
 //! * [`extender`]: `steward extender`, kube-scheduler's Filter and
 //!   Prioritize over HTTP; Filter creates the pod's Reservation and awaits
 //!   the controller's decision within a bound.
 
 pub mod controller;
+pub mod deviceclass;
 pub mod extender;
 pub mod world;
 

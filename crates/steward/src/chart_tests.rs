@@ -16,7 +16,7 @@ use crate::Cli;
 /// The value sets CI renders: default, CRI proxy on (cluster configuration),
 /// the reservation controller, CRI proxy with a file configuration, handlers
 /// as their own DaemonSets, no RBAC (bring your own), the agent standalone
-/// (no API server), and the smallest agent.
+/// (no API server), the smallest agent, and DRA with the controller.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["criProxy.enabled=true"],
@@ -52,6 +52,7 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.metrics.enabled=false",
         "agent.cdi.enabled=false",
     ],
+    &["dra.enabled=true", "controller.enabled=true"],
 ];
 
 fn helm() -> PathBuf {
@@ -305,6 +306,7 @@ fn bad_values_are_refused_with_the_reason() {
         ),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("logFormat=xml", "/logFormat"),
+        ("dra.enabled=yes", "/dra/enabled"),
         (
             "agent.networkHandlerCidrs={10.0.0.0}",
             "/agent/networkHandlerCidrs/0",
@@ -319,8 +321,117 @@ fn bad_values_are_refused_with_the_reason() {
     let out = run_helm("template", &["agent.standalone.enabled=true"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent.standalone.configurations"));
+    // DRA without the device plugins' slots or CDI is refused.
+    for off in ["agent.devicePlugins=false", "agent.cdi.enabled=false"] {
+        let out = run_helm("template", &["dra.enabled=true", off]);
+        assert!(!out.status.success(), "dra.enabled with {off} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("dra.enabled needs agent.devicePlugins"),
+            "{off}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // A handler both embedded and run as its own DaemonSet is refused.
     let out = run_helm("template", &["discoveryHandlers.udev.enabled=true"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
+}
+
+#[test]
+fn dra_reaches_the_agent_the_controller_and_their_rules() {
+    let objects = render(&[
+        "dra.enabled=true",
+        "controller.enabled=true",
+        "kubeletDir=/data/kubelet",
+    ]);
+    let (_, agent) = pod_specs(&objects)
+        .into_iter()
+        .find(|(n, _)| n == "t-steward-agent")
+        .expect("the agent DaemonSet");
+    assert!(strings(&agent["containers"][0]["args"]).contains(&"--dra".to_owned()));
+    // kubelet's plugin registry and the plugins directory, from the host.
+    for (volume, path) in [
+        ("plugins-registry", "/data/kubelet/plugins_registry"),
+        ("plugins", "/data/kubelet/plugins"),
+    ] {
+        let mount = agent["containers"][0]["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume)
+            .unwrap_or_else(|| panic!("{volume} not mounted"));
+        assert_eq!(mount["mountPath"].as_str(), Some(path));
+        let v = agent["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == volume)
+            .unwrap_or_else(|| panic!("no volume {volume}"));
+        assert_eq!(v["hostPath"]["path"].as_str(), Some(path));
+        assert_eq!(v["hostPath"]["type"].as_str(), Some("Directory"));
+    }
+    // The controller keeps the DeviceClasses; its command line is this
+    // binary's.
+    let controller = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "t-steward-controller")
+        .expect("the controller Deployment");
+    let mut argv = vec!["steward".to_owned()];
+    argv.extend(strings(
+        &controller["spec"]["template"]["spec"]["containers"][0]["args"],
+    ));
+    assert!(
+        argv.contains(&"--dra-device-classes".to_owned()),
+        "{argv:?}"
+    );
+    argv.push("--identity=controller-0".to_owned());
+    if let Err(e) = Cli::try_parse_from(&argv) {
+        panic!("steward refuses {argv:?}:\n{e}");
+    }
+    // The resource.k8s.io rules of each.
+    let rules_of = |role: &str| -> Vec<(Vec<String>, Vec<String>)> {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == role)
+            .unwrap_or_else(|| panic!("no ClusterRole {role}"))["rules"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter(|r| strings(&r["apiGroups"]) == ["resource.k8s.io"])
+            .map(|r| (strings(&r["resources"]), strings(&r["verbs"])))
+            .collect()
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rules_of("t-steward-agent"),
+        [
+            (
+                s(&["resourceslices"]),
+                s(&["get", "list", "create", "update", "delete"])
+            ),
+            (s(&["resourceclaims"]), s(&["get"])),
+        ]
+    );
+    assert_eq!(
+        rules_of("t-steward-controller"),
+        [(
+            s(&["deviceclasses"]),
+            s(&["list", "watch", "create", "update", "delete"])
+        )]
+    );
+
+    // Off (the default), and for a standalone agent: nothing of it.
+    for sets in [
+        &["controller.enabled=true"][..],
+        &[
+            "dra.enabled=true",
+            "agent.standalone.enabled=true",
+            "agent.standalone.configurations=kind: Configuration",
+        ][..],
+    ] {
+        let text = serde_yaml_ng::to_string(&render(sets)).unwrap();
+        for absent in ["--dra", "plugins_registry", "resource.k8s.io"] {
+            assert!(!text.contains(absent), "{sets:?} renders {absent}");
+        }
+    }
 }

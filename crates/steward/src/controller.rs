@@ -37,6 +37,13 @@ pub struct ControllerArgs {
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
+    /// Also keep one resource.k8s.io/v1 DeviceClass per Configuration,
+    /// named <configuration>.<namespace>.steward.dev, selecting that
+    /// Configuration's devices (the leader writes them; classes without the
+    /// label app.kubernetes.io/managed-by=steward are never touched). Off by
+    /// default: needs the resource.k8s.io/v1 API (Kubernetes 1.34+).
+    #[arg(long)]
+    dra_device_classes: bool,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -56,6 +63,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.lease.renew_deadline = args.renew_deadline;
     cfg.lease.retry_period = args.retry_period;
     cfg.ttl = args.reservation_ttl;
+    cfg.device_classes = args.dra_device_classes;
     if let Some(addr) = args.metrics_address {
         // A standby replica is ready too: readiness says the process runs
         // and reaches nothing it cannot; leading is the Lease's business.

@@ -14,8 +14,9 @@ use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kubectl::Kubectl;
 
 /// Value sets applied: default, the CRI proxy, the reservation controller
-/// and extender, handlers as their own DaemonSets, no RBAC, and the agent
-/// standalone.
+/// and extender, handlers as their own DaemonSets, no RBAC, the agent
+/// standalone, and DRA (ResourceSlices and the kubelet plugin in the agent,
+/// DeviceClasses in the controller).
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["criProxy.enabled=true", "agent.podResources.groupId=472"],
@@ -31,6 +32,7 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.standalone.enabled=true",
         "agent.standalone.configurations=kind: Configuration",
     ],
+    &["dra.enabled=true", "controller.enabled=true"],
 ];
 
 /// `helm template --include-crds` of the chart with `sets`: the text.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -190,6 +191,13 @@ fn a_grant_the_chart_lacks_is_caught() {
         &rules,
         &access("list", "apiextensions.k8s.io", "customresourcedefinitions")
     ));
+    // DeviceClasses are the controller's only with dra.enabled.
+    let class_write = access("create", "resource.k8s.io", "deviceclasses");
+    let controller_sa = format!("{RELEASE}-steward-controller");
+    let without = render(&["controller.enabled=true"]);
+    assert!(!grants(&rules_of(&without, &controller_sa), &class_write));
+    let with = render(&["controller.enabled=true", "dra.enabled=true"]);
+    assert!(grants(&rules_of(&with, &controller_sa), &class_write));
     // Without criProxy.cluster the proxy gets no ServiceAccount at all.
     let objects = render(&["criProxy.enabled=true", "criProxy.cluster=false"]);
     assert!(
@@ -205,6 +213,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         "criProxy.enabled=true",
         "controller.enabled=true",
         "extender.enabled=true",
+        "dra.enabled=true",
     ]);
     let extender_sa = format!("{RELEASE}-steward-extender");
     let agent_sa = format!("{RELEASE}-steward-agent");
@@ -213,6 +222,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     let ctd = Containerd::shared().expect("containerd (needs root and its packages)");
     let dir = tempfile::tempdir().unwrap();
     let api = ApiServer::start().await.unwrap();
+    api.serve_dra();
     let crds: Api<CustomResourceDefinition> = Api::all(api.client());
     for crd in steward_api::crds() {
         crds.create(&PostParams::default(), &crd).await.unwrap();
@@ -347,6 +357,9 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     };
     let mut dp = DevicePluginConfig::new(&root, None);
     dp.poll = Duration::from_millis(50);
+    // dra.enabled: `--dra` — ResourceSlices and the DRA kubelet plugin.
+    dp.dra = Some(steward_agent::dra::DraPluginConfig::new(&root));
+    cfg.dra_slices = true;
     cfg.device_plugins = Some(dp);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(steward_agent::run(cfg, async move {
@@ -379,6 +392,21 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
                 .items
                 .into_iter()
                 .next()
+        }
+    })
+    .await;
+    // Its slot, published as a DRA device.
+    let slices: Api<ResourceSlice> = Api::all(api.client());
+    eventually("the node's ResourceSlice", || {
+        let slices = slices.clone();
+        async move {
+            slices
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|s| s.spec.node_name.as_deref() == Some("node-a"))
         }
     })
     .await;
@@ -438,8 +466,8 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     .await;
 
     // The reservation controller, as its ServiceAccount: it elects itself
-    // on a Lease in the release namespace and reserves the freed slot for a
-    // pending pod.
+    // on a Lease in the release namespace, reserves the freed slot for a
+    // pending pod and (dra.enabled) writes the Configuration's DeviceClass.
     let release_ns: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}})).unwrap();
     Api::<Namespace>::all(api.client())
@@ -476,6 +504,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         .unwrap();
     let mut ccfg = ControllerConfig::new(NAMESPACE, "controller-0");
     ccfg.lease.retry_period = Duration::from_millis(100);
+    ccfg.device_classes = true;
     let stop_controller = CancellationToken::new();
     let controller = tokio::spawn(steward_reservations::run(
         api.client_as(&user(&controller_sa)).unwrap(),
@@ -488,6 +517,12 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
             let r = reservations.get("waiting").await.ok()?;
             (r.status?.phase == "Reserved").then_some(())
         }
+    })
+    .await;
+    let classes: Api<DeviceClass> = Api::all(api.client());
+    eventually("the DeviceClass of the Configuration", || {
+        let classes = classes.clone();
+        async move { classes.get_opt("cams.default.steward.dev").await.ok()? }
     })
     .await;
     // The scheduler extender, as its ServiceAccount: Filter for another
@@ -529,6 +564,8 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         ("create", "instances"),
         ("create", "slotclaims"),
         ("watch", "pods"),
+        ("list", "resourceslices"),
+        ("create", "resourceslices"),
     ] {
         assert!(
             did(&by_agent, verb, resource),
@@ -551,6 +588,9 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         ("update", "reservations/status"),
         ("create", "leases"),
         ("update", "leases"),
+        ("watch", "configurations"),
+        ("watch", "deviceclasses"),
+        ("create", "deviceclasses"),
     ] {
         assert!(
             did(&by_controller, verb, resource),

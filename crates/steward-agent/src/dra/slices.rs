@@ -12,8 +12,8 @@
 //! wrote it (the resourceVersion it last saw). On shutdown the node's own
 //! slices are deleted.
 //!
-//! Not here yet: DeviceClasses per Configuration, the kubelet plugin
-//! (NodePrepareResources), ownerReferences to the Node.
+//! DeviceClasses per Configuration are `steward controller`'s; the kubelet
+//! plugin is `super::kubelet`. Not here: ownerReferences to the Node.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -273,6 +273,7 @@ fn dra_instance(i: &Instance) -> (String, DraInstance) {
         format!("{}/{name}", i.metadata.namespace.as_deref().unwrap_or("")),
         DraInstance {
             name,
+            namespace: i.metadata.namespace.clone().unwrap_or_default(),
             configuration: i.spec.configuration_name.clone(),
             capacity: i.spec.capacity,
             nodes: i.spec.nodes.iter().cloned().collect(),

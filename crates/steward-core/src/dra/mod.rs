@@ -24,8 +24,9 @@ mod slices;
 
 pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
 pub use slices::{
-    DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, device_name,
-    next_generation, plan, pool_of, slice_name, slot_for_device, writer,
+    DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, attribute_value,
+    configuration_selector, device_name, next_generation, plan, pool_of, slice_name,
+    slot_for_device, writer,
 };
 
 /// The driver name of every device steward publishes.

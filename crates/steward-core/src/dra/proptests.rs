@@ -25,6 +25,7 @@ fn instance() -> impl Strategy<Value = DraInstance> {
     )
         .prop_map(|(name, capacity, nodes, properties)| DraInstance {
             name,
+            namespace: "default".into(),
             configuration: "cfg".into(),
             capacity,
             nodes: nodes.into_iter().map(|n| NODES[n].to_owned()).collect(),

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::DRIVER;
 use super::attributes::{Attribute, attributes_of};
 use crate::discovery::instances::fnv1a64;
 use crate::reservation::slot_id;
@@ -19,6 +20,9 @@ const MAX_POOL: usize = 253;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DraInstance {
     pub name: String,
+    /// The Instance's (and its Configuration's) namespace.
+    #[serde(default)]
+    pub namespace: String,
     pub configuration: String,
     /// Slots `0..capacity`: one device each.
     pub capacity: u32,
@@ -116,6 +120,38 @@ fn shared_pool(instance: &str) -> String {
     format!("shared/{}-{hash:016x}", head.trim_end_matches(['-', '.']))
 }
 
+/// Longest string attribute value the API accepts.
+const MAX_VALUE: usize = 64;
+
+/// A name as a string attribute value: itself when it fits in 64 bytes,
+/// else a prefix of it with a hash of the whole name (always present, so a
+/// selector on it never meets a device without it).
+pub fn attribute_value(name: &str) -> String {
+    if name.len() <= MAX_VALUE {
+        return name.to_owned();
+    }
+    let tail = format!("-{:016x}", fnv1a64(&[name.as_bytes()]));
+    let mut head = String::new();
+    for c in name.chars() {
+        if head.len() + c.len_utf8() + tail.len() > MAX_VALUE {
+            break;
+        }
+        head.push(c);
+    }
+    format!("{head}{tail}")
+}
+
+/// The CEL selector of the devices of Configuration `name` in `namespace`,
+/// as a DeviceClass carries it: the driver, then the `namespace` and
+/// `configuration` attributes every steward device has.
+pub fn configuration_selector(namespace: &str, name: &str) -> String {
+    format!(
+        "device.driver == \"{DRIVER}\" && device.attributes[\"{DRIVER}\"].namespace == \"{}\" && device.attributes[\"{DRIVER}\"].configuration == \"{}\"",
+        attribute_value(namespace),
+        attribute_value(name)
+    )
+}
+
 /// The pool a slot of `instance` is published in: the node's own pool, or
 /// the shared Instance's pool.
 pub fn pool_of(node: &str, instance: &str, shared: bool) -> String {
@@ -167,14 +203,22 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
         } else {
             (node.to_owned(), PoolScope::Node(node.to_owned()))
         };
-        let mut fixed = BTreeMap::from([("shared".to_owned(), Attribute::Bool(shared))]);
-        for (k, v) in [
-            ("configuration", &inst.configuration),
-            ("instance", &inst.name),
-        ] {
-            if v.len() <= 64 {
-                fixed.insert(k.to_owned(), Attribute::String(v.clone()));
-            }
+        let mut fixed = BTreeMap::from([
+            ("shared".to_owned(), Attribute::Bool(shared)),
+            (
+                "configuration".to_owned(),
+                Attribute::String(attribute_value(&inst.configuration)),
+            ),
+            (
+                "instance".to_owned(),
+                Attribute::String(attribute_value(&inst.name)),
+            ),
+        ]);
+        if !inst.namespace.is_empty() {
+            fixed.insert(
+                "namespace".to_owned(),
+                Attribute::String(attribute_value(&inst.namespace)),
+            );
         }
         let (base, skipped) = attributes_of(fixed, &inst.properties);
         for (k, why) in skipped {
@@ -239,6 +283,7 @@ mod tests {
     fn inst(name: &str, capacity: u32, nodes: &[&str]) -> DraInstance {
         DraInstance {
             name: name.into(),
+            namespace: "default".into(),
             configuration: "cams".into(),
             capacity,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
@@ -329,5 +374,29 @@ mod tests {
             slot_for_device("node-a", "node-a", &hashed, insts),
             Some(format!("{long}-0"))
         );
+    }
+
+    #[test]
+    fn long_names_are_still_attributes_and_selectors_name_the_same_value() {
+        let long = "c".repeat(200);
+        let v = attribute_value(&long);
+        assert!(v.len() <= 64 && v.starts_with("ccc"), "{v}");
+        assert_ne!(attribute_value(&format!("{long}x")), v);
+        assert_eq!(attribute_value("cams"), "cams");
+        let mut i = inst("cam", 1, &["node-a"]);
+        i.configuration = long.clone();
+        let (slices, _) = plan("node-a", &[i]);
+        let d = &slices[0].devices[0];
+        assert_eq!(d.attributes["configuration"], Attribute::String(v.clone()));
+        assert_eq!(
+            d.attributes["namespace"],
+            Attribute::String("default".into())
+        );
+        let sel = configuration_selector("default", &long);
+        assert!(
+            sel.ends_with(&format!(".configuration == \"{v}\"")),
+            "{sel}"
+        );
+        assert!(sel.contains(".namespace == \"default\""));
     }
 }
