@@ -1,7 +1,9 @@
 //! The `resource.k8s.io/v1` kinds of Dynamic Resource Allocation
 //! (ResourceSlice, DeviceClass, ResourceClaim), with structural schemas from
-//! k8s-openapi's types like the workload kinds. The scheduler's allocator and
-//! kubelet's side are not modelled: a ResourceSlice is stored, not used.
+//! k8s-openapi's types like the workload kinds. ResourceClaim has the status
+//! subresource (with resourceVersion preconditions like every kind). Nothing
+//! acts on them by itself: the scheduler's allocation is a client-side call,
+//! [`crate::dra_alloc`]; kubelet's side is the kubelet stand-in's.
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 

@@ -13,6 +13,9 @@
 
 pub mod client;
 pub mod dra;
+pub mod dra_alloc;
+pub mod dra_cel;
+mod dra_select;
 mod error;
 pub mod kubectl;
 mod openapi;

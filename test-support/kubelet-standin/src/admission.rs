@@ -13,6 +13,7 @@ use steward_proto::deviceplugin::v1beta1::{
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
+use crate::dra::{self, FAILED_PREPARE_DYNAMIC_RESOURCES};
 use crate::endpoint::RPC_TIMEOUT;
 use crate::error::{Error, go_status_text};
 use crate::manager::{self, Allocation, ContainerDevices};
@@ -34,6 +35,10 @@ pub struct AdmittedPod {
     pub devices: ContainerDevices,
     /// Container → resource → the plugin's `ContainerAllocateResponse`.
     pub responses: BTreeMap<String, BTreeMap<String, ContainerAllocateResponse>>,
+    /// Container → CDI device IDs of the DRA claims it uses (what kubelet
+    /// puts into the CRI `ContainerConfig.CDI_devices`); only containers
+    /// that use claims have an entry.
+    pub cdi_devices: BTreeMap<String, Vec<String>>,
 }
 
 struct Rejection {
@@ -84,9 +89,14 @@ fn endpoint_of(
 
 pub(crate) async fn add_pod(shared: &Arc<Shared>, mut spec: PodSpec) -> Result<AdmittedPod, Error> {
     spec.validate().map_err(Error::InvalidPod)?;
+    if !spec.resource_claims.is_empty() && shared.api.is_none() {
+        return Err(Error::InvalidPod(
+            "pods with resource claims need an API client (kubelet reads the ResourceClaims)"
+                .to_string(),
+        ));
+    }
     let _serial = shared.admission.lock().await;
-    if shared.api.is_none()
-        && let Some(uid) = &spec.uid
+    if let Some(uid) = &spec.uid
         && shared.lock().pods.contains_key(uid)
     {
         return Err(Error::InvalidPod(format!(
@@ -94,7 +104,12 @@ pub(crate) async fn add_pod(shared: &Arc<Shared>, mut spec: PodSpec) -> Result<A
         )));
     }
     let uid = match &shared.api {
-        Some(api) => mirror::create_pod(api, &shared.node_name, &spec).await?,
+        // A Pod object created beforehand (`Kubelet::create_pod_object`)
+        // with this UID is the pod; otherwise the API server assigns one.
+        Some(api) => match mirror::existing_pod_uid(api, &spec).await? {
+            Some(existing) if spec.uid.as_ref() == Some(&existing) => existing,
+            _ => mirror::create_pod(api, &shared.node_name, &spec).await?,
+        },
         None => spec
             .uid
             .clone()
@@ -121,7 +136,7 @@ pub(crate) async fn add_pod(shared: &Arc<Shared>, mut spec: PodSpec) -> Result<A
 
     let allocated = allocate_pod(shared, &uid, &spec).await;
     shared.lock().admitting = None;
-    let admitted = match allocated {
+    let mut admitted = match allocated {
         Ok(a) => a,
         Err(rejection) => {
             warn!(pod_uid = %uid, reason = %rejection.reason, message = %rejection.message, "pod rejected");
@@ -140,6 +155,36 @@ pub(crate) async fn add_pod(shared: &Arc<Shared>, mut spec: PodSpec) -> Result<A
             });
         }
     };
+
+    // SyncPod: DRA resources are prepared before the sandbox and the
+    // containers are created (after admission, before PreStartContainer).
+    if let Err(message) = dra::prepare_pod(shared, &uid, &spec).await {
+        let event = format!("Failed to prepare dynamic resources: {message}");
+        warn!(pod_uid = %uid, %message, "cannot prepare dynamic resources");
+        set_status(
+            shared,
+            &uid,
+            Phase::Pending,
+            Some(FAILED_PREPARE_DYNAMIC_RESOURCES.to_string()),
+            Some(event.clone()),
+        )
+        .await;
+        if let Some(api) = &shared.api
+            && let Err(e) = mirror::warning_event(
+                api,
+                &shared.node_name,
+                &spec,
+                &uid,
+                FAILED_PREPARE_DYNAMIC_RESOURCES,
+                &event,
+            )
+            .await
+        {
+            warn!(pod_uid = %uid, error = %e, "failed to record the event");
+        }
+        return Err(Error::PrepareResources { uid, message });
+    }
+    admitted.cdi_devices = dra::cdi_devices(&shared.lock().dra_claims, &spec);
 
     if let Err((container, message)) = pre_start(shared, &uid, &spec, &admitted.devices).await {
         warn!(pod_uid = %uid, %container, %message, "container cannot start");
@@ -222,6 +267,7 @@ async fn allocate_pod(
         uid: uid.to_string(),
         devices: BTreeMap::new(),
         responses: BTreeMap::new(),
+        cdi_devices: BTreeMap::new(),
     };
     // devicesToReuse: resource → devices of this pod's init containers.
     let mut reuse: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -47,6 +47,16 @@ pub enum Error {
         container: String,
         message: String,
     },
+    /// DRA: preparing the pod's ResourceClaims failed (`message` is
+    /// kubelet's error, starting with `prepare dynamic resources: `). The pod
+    /// stays Pending with reason `FailedPrepareDynamicResources`; kubelet
+    /// would retry, the stand-in does not.
+    #[error("pod {uid}: Failed to prepare dynamic resources: {message}")]
+    PrepareResources { uid: String, message: String },
+    /// DRA: unpreparing the pod's ResourceClaims failed (`message` starts
+    /// with `unprepare dynamic resources: `); the pod was left as it was.
+    #[error("pod {uid}: {message}")]
+    UnprepareResources { uid: String, message: String },
     /// A waiter ran out of time.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, String),

@@ -12,14 +12,24 @@
 //! container by container like kubelet does. Their lifecycle is driven by the
 //! test ([`Kubelet::terminate_pod`], [`Kubelet::delete_pod`]). When an API
 //! client is configured, pods and the node are mirrored into the API server.
+//!
+//! DRA: a plugin watcher (`plugins` module) registers DRA drivers from
+//! `<root>/plugins_registry`, and the DRA manager (`dra` module) prepares
+//! and unprepares pods' ResourceClaims over the `v1.DRAPlugin` service;
+//! [`cdi`] resolves the CDI device IDs it hands out for runtimes without CDI.
 
 mod admission;
+pub mod cdi;
 pub mod checkpoint;
+mod dra;
+mod dra_api;
+mod dra_state;
 mod endpoint;
 mod error;
 mod manager;
 mod mirror;
 mod names;
+mod plugins;
 mod podresources;
 mod pods;
 mod registration;
@@ -42,11 +52,14 @@ use tonic::transport::Server;
 use tracing::{error, info, warn};
 
 pub use admission::{AdmittedPod, CREATE_CONTAINER_CONFIG_ERROR, UNEXPECTED_ADMISSION_ERROR};
+pub use dra::FAILED_PREPARE_DYNAMIC_RESOURCES;
+pub use dra_state::{ClaimInfo, DRA_CHECKPOINT_FILE, DriverState, PreparedDevice};
 pub use endpoint::connect_unix;
 pub use error::{Error, go_status_text};
 pub use manager::{ContainerDevices, ResourceState};
 pub use names::is_extended_resource_name;
-pub use pods::{ContainerSpec, Phase, PodSpec, PodStatus};
+pub use plugins::DraPlugin;
+pub use pods::{ContainerClaim, ContainerSpec, Phase, PodResourceClaim, PodSpec, PodStatus};
 pub use shared::{CHECKPOINT_FILE, PODS_FILE, Paths};
 
 use manager::State;
@@ -95,7 +108,12 @@ impl Kubelet {
     /// from the plugin directory and serves Registration and podresources.
     pub async fn start(config: KubeletConfig) -> Result<Kubelet, Error> {
         let paths = Paths::new(&config.root_dir);
-        for dir in [&paths.plugin_dir, &paths.pod_resources_dir] {
+        for dir in [
+            &paths.plugin_dir,
+            &paths.pod_resources_dir,
+            &paths.plugins_registry,
+            &paths.plugins_dir,
+        ] {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let mut state = State {
@@ -103,6 +121,7 @@ impl Kubelet {
             ..Default::default()
         };
         load_checkpoint(&paths, &mut state);
+        dra_api::load_dra_checkpoint(&paths, &mut state)?;
         let shared = Arc::new(Shared::new(paths, config.node_name, config.api, state));
         let servers = serve(&shared)?;
         info!(root = %shared.paths.root.display(), "kubelet stand-in started");
@@ -197,15 +216,21 @@ impl Kubelet {
     }
 
     /// Admits a pod: creates it in the API server first when mirroring (the
-    /// API server assigns the UID), then allocates devices container by
-    /// container. On success the pod is Running; on an allocation failure it
-    /// is Failed with the kubelet reason and the error says why.
+    /// API server assigns the UID; a Pod object made by
+    /// [`Kubelet::create_pod_object`] whose UID `spec.uid` names is used
+    /// instead), then allocates devices container by container, then
+    /// prepares its DRA claims. On success the pod is Running; on an
+    /// allocation failure it is Failed with the kubelet reason and the error
+    /// says why; when DRA preparation fails it stays Pending
+    /// ([`Error::PrepareResources`]).
     pub async fn add_pod(&self, spec: PodSpec) -> Result<AdmittedPod, Error> {
         admission::add_pod(&self.shared, spec).await
     }
 
     /// Marks a pod Succeeded or Failed. Its devices become free for the next
-    /// admission.
+    /// admission. Like kubelet's SyncTerminatingPod, its DRA claims are
+    /// unprepared first; if that fails the pod is left as it was and the
+    /// error is returned (call again to retry).
     pub async fn terminate_pod(&self, uid: &str, phase: Phase) -> Result<(), Error> {
         if !phase.is_terminal() {
             return Err(Error::NotTerminal(phase));
@@ -213,6 +238,12 @@ impl Kubelet {
         if !self.shared.lock().pods.contains_key(uid) {
             return Err(Error::UnknownPod(uid.to_string()));
         }
+        dra::unprepare_pod(&self.shared, uid)
+            .await
+            .map_err(|message| Error::UnprepareResources {
+                uid: uid.to_string(),
+                message,
+            })?;
         admission::set_status(&self.shared, uid, phase, None, None).await;
         info!(pod_uid = %uid, phase = phase.as_str(), "pod terminated");
         Ok(())
@@ -221,6 +252,12 @@ impl Kubelet {
     /// Removes a pod entirely (and its Pod object, with grace period 0).
     /// UIDs only known from the checkpoint are accepted too.
     pub async fn delete_pod(&self, uid: &str) -> Result<(), Error> {
+        dra::unprepare_pod(&self.shared, uid)
+            .await
+            .map_err(|message| Error::UnprepareResources {
+                uid: uid.to_string(),
+                message,
+            })?;
         let removed = {
             let mut st = self.shared.lock();
             let pod = st.pods.remove(uid);
@@ -327,6 +364,9 @@ impl Kubelet {
     /// connection, deletes every socket in the plugin directory (plugins
     /// notice their socket vanish), reloads allocations from the checkpoint
     /// and serves again. Resources are unknown until plugins re-register.
+    /// DRA plugins are forgotten too, but their registration sockets stay:
+    /// the plugin watcher finds them again and re-registers them; claim
+    /// infos come back from `dra_manager_state`.
     pub async fn restart(&self) -> Result<(), Error> {
         info!("restarting kubelet stand-in");
         let mut servers = self.servers.lock().await;
@@ -336,7 +376,9 @@ impl Kubelet {
         {
             let mut st = self.shared.lock();
             st.drop_endpoints();
+            st.dra_plugins.clear();
             load_checkpoint(&self.shared.paths, &mut st);
+            dra_api::load_dra_checkpoint(&self.shared.paths, &mut st)?;
         }
         *servers = Some(serve(&self.shared)?);
         drop(servers);
@@ -350,7 +392,11 @@ impl Kubelet {
         if let Some(old) = self.servers.lock().await.take() {
             stop_servers(old).await;
         }
-        self.shared.lock().drop_endpoints();
+        {
+            let mut st = self.shared.lock();
+            st.drop_endpoints();
+            st.dra_plugins.clear();
+        }
         if let Some(h) = self.node_mirror_handle().take() {
             h.abort();
         }
@@ -411,7 +457,11 @@ impl Drop for Kubelet {
                 t.abort();
             }
         }
-        self.shared.lock().drop_endpoints();
+        {
+            let mut st = self.shared.lock();
+            st.drop_endpoints();
+            st.dra_plugins.clear();
+        }
         if let Some(h) = self.node_mirror_handle().take() {
             h.abort();
         }
@@ -518,9 +568,12 @@ fn serve(shared: &Arc<Shared>) -> Result<Servers, Error> {
             error!(socket = %pr_socket.display(), error = %e, "podresources server failed");
         }
     });
+    // The plugin watcher (kubelet's pluginmanager) for DRA drivers.
+    let (pw_tx, pw_rx) = oneshot::channel::<()>();
+    let pw_task = tokio::spawn(plugins::run(shared.clone(), pw_rx));
     Ok(Servers {
-        shutdown: vec![reg_tx, pr_tx],
-        tasks: vec![reg_task, pr_task],
+        shutdown: vec![reg_tx, pr_tx, pw_tx],
+        tasks: vec![reg_task, pr_task, pw_task],
     })
 }
 

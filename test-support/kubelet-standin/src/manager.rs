@@ -94,6 +94,10 @@ pub(crate) struct State {
     /// resource → how long each successful Allocate rpc took, in call order
     /// (kubelet's `device_plugin_alloc_duration_seconds`).
     pub alloc_durations: BTreeMap<String, Vec<std::time::Duration>>,
+    /// Registered DRA plugins (the plugin watcher's DRA handler).
+    pub dra_plugins: crate::plugins::Registry,
+    /// The DRA manager's claim infos.
+    pub dra_claims: crate::dra::ClaimInfos,
 }
 
 impl State {

@@ -5,15 +5,18 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, Pod, PodSpec as K8sPodSpec, ResourceRequirements,
+    Container, Event, EventSource, Node, ObjectReference, Pod, PodResourceClaim,
+    PodSpec as K8sPodSpec, ResourceClaim as ContainerResourceClaim, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tracing::debug;
 
+use crate::dra::FAILED_PREPARE_DYNAMIC_RESOURCES;
 use crate::error::Error;
 use crate::pods::{ContainerSpec, Phase, PodSpec, PodStatus};
 
@@ -33,7 +36,15 @@ fn k8s_container(c: &ContainerSpec) -> Container {
             // Extended resources must have requests equal to limits.
             requests: Some(limits.clone()),
             limits: Some(limits),
-            ..Default::default()
+            claims: (!c.claims.is_empty()).then(|| {
+                c.claims
+                    .iter()
+                    .map(|cl| ContainerResourceClaim {
+                        name: cl.name.clone(),
+                        request: cl.request.clone(),
+                    })
+                    .collect()
+            }),
         }),
         ..Default::default()
     }
@@ -57,6 +68,16 @@ pub(crate) async fn create_pod(
             init_containers: (!spec.init_containers.is_empty())
                 .then(|| spec.init_containers.iter().map(k8s_container).collect()),
             containers: spec.containers.iter().map(k8s_container).collect(),
+            resource_claims: (!spec.resource_claims.is_empty()).then(|| {
+                spec.resource_claims
+                    .iter()
+                    .map(|c| PodResourceClaim {
+                        name: c.name.clone(),
+                        resource_claim_name: Some(c.resource_claim_name.clone()),
+                        resource_claim_template_name: None,
+                    })
+                    .collect()
+            }),
             ..Default::default()
         }),
         status: None,
@@ -70,12 +91,73 @@ pub(crate) async fn create_pod(
         .ok_or_else(|| Error::ApiObject(format!("pod {}/{} has no uid", spec.namespace, spec.name)))
 }
 
+/// The UID of the Pod object named like `spec`, if there is one.
+pub(crate) async fn existing_pod_uid(
+    client: &kube::Client,
+    spec: &PodSpec,
+) -> Result<Option<String>, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    Ok(api.get_opt(&spec.name).await?.and_then(|p| p.metadata.uid))
+}
+
+/// Records a Warning event about the pod, as kubelet's event recorder does.
+pub(crate) async fn warning_event(
+    client: &kube::Client,
+    node_name: &str,
+    spec: &PodSpec,
+    uid: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let event = Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.{}", spec.name, uuid::Uuid::new_v4().simple())),
+            namespace: Some(spec.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Pod".to_string()),
+            name: Some(spec.name.clone()),
+            namespace: Some(spec.namespace.clone()),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some("Warning".to_string()),
+        count: Some(1),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        source: Some(EventSource {
+            component: Some("kubelet".to_string()),
+            host: Some(node_name.to_string()),
+        }),
+        reporting_component: Some("kubelet".to_string()),
+        reporting_instance: Some(node_name.to_string()),
+        ..Default::default()
+    };
+    let api: Api<Event> = Api::namespaced(client.clone(), &spec.namespace);
+    api.create(&PostParams::default(), &event).await?;
+    Ok(())
+}
+
+/// A pod whose DRA resources could not be prepared: kubelet reports it
+/// through an event and leaves the containers `ContainerCreating`.
+fn preparing_failed(pod: &PodStatus) -> bool {
+    pod.phase == Phase::Pending && pod.reason.as_deref() == Some(FAILED_PREPARE_DYNAMIC_RESOURCES)
+}
+
 fn container_statuses(pod: &PodStatus) -> Value {
     let state = |_: &ContainerSpec| -> Value {
         match pod.phase {
             Phase::Running => json!({"running": {}}),
             Phase::Succeeded => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
             Phase::Failed => json!({"terminated": {"exitCode": 1, "reason": "Error"}}),
+            Phase::Pending if preparing_failed(pod) => {
+                json!({"waiting": {"reason": "ContainerCreating"}})
+            }
             Phase::Pending => json!({"waiting": {
                 "reason": pod.reason.clone().unwrap_or_else(|| "ContainerCreating".to_string()),
                 "message": pod.message.clone(),
@@ -98,10 +180,15 @@ fn container_statuses(pod: &PodStatus) -> Value {
 /// Writes the pod's phase (and reason/message, container states) through the
 /// status subresource.
 pub(crate) async fn patch_pod_status(client: &kube::Client, pod: &PodStatus) -> Result<(), Error> {
+    let (reason, message) = if preparing_failed(pod) {
+        (None, None)
+    } else {
+        (pod.reason.clone(), pod.message.clone())
+    };
     let mut status = json!({
         "phase": pod.phase.as_str(),
-        "reason": pod.reason,
-        "message": pod.message,
+        "reason": reason,
+        "message": message,
     });
     // A rejected pod never had containers created.
     let rejected = pod.phase == Phase::Failed && pod.reason.is_some();

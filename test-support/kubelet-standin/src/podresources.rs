@@ -1,7 +1,7 @@
 //! The podresources v1 service kubelet serves on `<root>/pod-resources/kubelet.sock`.
 //!
-//! Only devices are reported: `cpu_ids`, `memory` and `dynamic_resources`
-//! stay empty because the stand-in has no CPU, memory or DRA managers.
+//! Devices and DRA claims (`dynamic_resources`) are reported; `cpu_ids`
+//! and `memory` stay empty because the stand-in has no CPU or memory manager.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -62,6 +62,7 @@ pub(crate) fn pod_resources(state: &State, pod: &PodStatus) -> PodResources {
                 .and_then(|a| a.get(&c.name))
                 .map(allocation_devices)
                 .unwrap_or_default(),
+            dynamic_resources: crate::dra::dynamic_resources(state, &pod.spec, c),
             ..Default::default()
         })
         .collect();

@@ -4,12 +4,26 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// A container of a test pod: its name and its extended resource limits.
+/// A container's use of one of the pod's resource claims
+/// (`container.resources.claims[]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerClaim {
+    /// Name of an entry of the pod's resource claims.
+    pub name: String,
+    /// Only the devices allocated for this request of the claim (all when `None`).
+    pub request: Option<String>,
+}
+
+/// A container of a test pod: its name, its extended resource limits and
+/// the resource claims it uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     pub name: String,
     /// Extended resource limits (resource name → count).
     pub resources: BTreeMap<String, i64>,
+    /// Pod resource claims this container uses.
+    #[serde(default)]
+    pub claims: Vec<ContainerClaim>,
 }
 
 impl ContainerSpec {
@@ -17,7 +31,7 @@ impl ContainerSpec {
     pub fn new(name: impl Into<String>) -> Self {
         ContainerSpec {
             name: name.into(),
-            resources: BTreeMap::new(),
+            ..Default::default()
         }
     }
 
@@ -26,6 +40,33 @@ impl ContainerSpec {
         self.resources.insert(resource.into(), count);
         self
     }
+
+    /// Uses the pod resource claim `name` (all of its devices).
+    pub fn claim(mut self, name: impl Into<String>) -> Self {
+        self.claims.push(ContainerClaim {
+            name: name.into(),
+            request: None,
+        });
+        self
+    }
+
+    /// Uses the devices of one request of the pod resource claim `name`.
+    pub fn claim_request(mut self, name: impl Into<String>, request: impl Into<String>) -> Self {
+        self.claims.push(ContainerClaim {
+            name: name.into(),
+            request: Some(request.into()),
+        });
+        self
+    }
+}
+
+/// A pod-level resource claim (`pod.spec.resourceClaims[]` with
+/// `resourceClaimName`): the name containers refer to, and the
+/// ResourceClaim in the pod's namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodResourceClaim {
+    pub name: String,
+    pub resource_claim_name: String,
 }
 
 /// A pod to admit.
@@ -38,6 +79,10 @@ pub struct PodSpec {
     pub uid: Option<String>,
     pub init_containers: Vec<ContainerSpec>,
     pub containers: Vec<ContainerSpec>,
+    /// DRA resource claims of the pod (need an API client: kubelet reads
+    /// the ResourceClaims).
+    #[serde(default)]
+    pub resource_claims: Vec<PodResourceClaim>,
 }
 
 impl PodSpec {
@@ -68,6 +113,28 @@ impl PodSpec {
         self
     }
 
+    /// Adds a resource claim `name` referring to the ResourceClaim
+    /// `claim_name` in the pod's namespace.
+    pub fn resource_claim(
+        mut self,
+        name: impl Into<String>,
+        claim_name: impl Into<String>,
+    ) -> Self {
+        self.resource_claims.push(PodResourceClaim {
+            name: name.into(),
+            resource_claim_name: claim_name.into(),
+        });
+        self
+    }
+
+    /// The ResourceClaim name behind the pod claim `name`.
+    pub(crate) fn claim_name(&self, name: &str) -> Option<&str> {
+        self.resource_claims
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.resource_claim_name.as_str())
+    }
+
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.name.is_empty() || self.namespace.is_empty() {
             return Err("namespace and name are required".to_string());
@@ -88,6 +155,30 @@ impl PodSpec {
                     "container {:?}: negative quantity {n} for {r}",
                     c.name
                 ));
+            }
+            let mut used = std::collections::BTreeSet::new();
+            for claim in &c.claims {
+                if self.claim_name(&claim.name).is_none() {
+                    return Err(format!(
+                        "container {:?}: claim {:?} must be one of the pod's resource claims",
+                        c.name, claim.name
+                    ));
+                }
+                if !used.insert(claim) {
+                    return Err(format!(
+                        "container {:?}: claim {:?} listed twice",
+                        c.name, claim.name
+                    ));
+                }
+            }
+        }
+        let mut claims = std::collections::BTreeSet::new();
+        for claim in &self.resource_claims {
+            if claim.name.is_empty() || claim.resource_claim_name.is_empty() {
+                return Err("resource claims need a name and a resourceClaimName".to_string());
+            }
+            if !claims.insert(claim.name.as_str()) {
+                return Err(format!("duplicate resource claim name {:?}", claim.name));
             }
         }
         Ok(())

@@ -30,6 +30,14 @@ pub struct Paths {
     pub pod_resources_dir: PathBuf,
     pub pod_resources_socket: PathBuf,
     pub pods_file: PathBuf,
+    /// `<root>/plugins_registry`: registration sockets of kubelet plugins
+    /// (DRA drivers), found by the plugin watcher.
+    pub plugins_registry: PathBuf,
+    /// `<root>/plugins`: where plugins conventionally put their service
+    /// sockets (`plugins/<driver>/dra.sock`).
+    pub plugins_dir: PathBuf,
+    /// `<root>/dra_manager_state`: the DRA manager's checkpoint.
+    pub dra_checkpoint: PathBuf,
 }
 
 impl Paths {
@@ -44,6 +52,9 @@ impl Paths {
             pod_resources_socket: pod_resources_dir.join("kubelet.sock"),
             pod_resources_dir,
             pods_file: root.join(PODS_FILE),
+            plugins_registry: root.join("plugins_registry"),
+            plugins_dir: root.join("plugins"),
+            dra_checkpoint: root.join(crate::dra_state::DRA_CHECKPOINT_FILE),
         }
     }
 }
@@ -56,6 +67,9 @@ pub(crate) struct Shared {
     changes: watch::Sender<u64>,
     /// Kubelet admits one pod at a time.
     pub admission: tokio::sync::Mutex<()>,
+    /// One DRA prepare/unprepare at a time (kubelet's claim info cache lock
+    /// spans less, but its pod workers never race on one claim).
+    pub dra_ops: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -68,6 +82,7 @@ impl Shared {
             state: Mutex::new(state),
             changes,
             admission: tokio::sync::Mutex::new(()),
+            dra_ops: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -97,6 +112,11 @@ impl Shared {
         if let Err(e) = self.write_checkpoint(state) {
             error!(error = %e, "failed to write device manager checkpoint");
         }
+    }
+
+    /// Writes the DRA manager's checkpoint from `state`.
+    pub fn write_dra_checkpoint(&self, state: &State) -> Result<(), Error> {
+        crate::dra_state::write(&self.paths.dra_checkpoint, state.dra_claims.values())
     }
 
     pub fn write_pods(&self, state: &State) {

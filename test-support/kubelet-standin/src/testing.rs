@@ -31,6 +31,8 @@ use tonic::{Request, Response, Status};
 use crate::endpoint::connect_unix;
 use crate::error::Error;
 
+pub mod dra;
+
 /// Builds a device. `numa` lists NUMA node IDs (empty: no topology).
 pub fn device(id: &str, healthy: bool, numa: &[i64]) -> Device {
     Device {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub mod dra;
+
 use steward_testing_kubelet::testing::{TestPlugin, TestPluginConfig};
 use steward_testing_kubelet::{Kubelet, KubeletConfig};
 
