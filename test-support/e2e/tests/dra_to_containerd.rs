@@ -7,6 +7,8 @@
 //! edits applied the way a CDI-capable runtime does; containerd 1.6 has
 //! no CDI). While prepared, the device plugin refuses the same slot; when
 //! the pod ends the claim is unprepared and the device is free again.
+//! steward's pod resources show the claim as the container's
+//! `dynamic_resources` while it is prepared.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -18,9 +20,12 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::dra::DraPluginConfig;
+use steward_agent::pod_resources::PodResourcesConfig;
 use steward_agent::{AgentConfig, AgentTimings, Mode};
 use steward_api::{Configuration, ConfigurationSpec, Instance, SlotClaim};
 use steward_proto::cri::runtime::v1 as cri;
+use steward_proto::podresources::v1 as wire;
+use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::dra_alloc::allocate_claim;
 use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_pod, exec_sync};
@@ -97,6 +102,8 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
     dp.dra = Some(DraPluginConfig::new(&root));
     cfg.device_plugins = Some(dp);
     cfg.dra_slices = true;
+    let agent_pr = dir.path().join("pod-resources.sock");
+    cfg.pod_resources = Some(PodResourcesConfig::new(&agent_pr));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(steward_agent::run(cfg, async move {
         let _ = stop_rx.await;
@@ -194,6 +201,46 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
         .cloned()
         .unwrap_or_default();
     assert_eq!(ids, [format!("steward.dev/cams={instance}")]);
+    // steward's pod resources report the claim under the container using
+    // it, as kubelet's DynamicResource.
+    let lister = PodResourcesListerClient::new(
+        steward_proto::uds::endpoint()
+            .connect_with_connector(steward_proto::uds::UnixConnector::new(&agent_pr))
+            .await
+            .expect("the agent's pod resources socket"),
+    );
+    let dynamic = eventually("the claim in pod resources", || {
+        let mut lister = lister.clone();
+        async move {
+            let got = lister
+                .get(wire::GetPodResourcesRequest {
+                    pod_name: "dra-pod".into(),
+                    pod_namespace: NS.into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .pod_resources?;
+            let main = got.containers.into_iter().find(|c| c.name == "main")?;
+            (!main.dynamic_resources.is_empty()).then_some(main.dynamic_resources)
+        }
+    })
+    .await;
+    assert_eq!(dynamic.len(), 1, "{dynamic:?}");
+    assert_eq!(dynamic[0].claim_name, "cam-claim");
+    assert_eq!(dynamic[0].claim_namespace, NS);
+    let device = &dynamic[0].claim_resources[0];
+    assert_eq!(device.driver_name, "steward.dev");
+    assert_eq!(device.pool_name, "node-a");
+    assert_eq!(device.device_name, slot);
+    assert_eq!(
+        device
+            .cdi_devices
+            .iter()
+            .map(|d| d.name.clone())
+            .collect::<Vec<_>>(),
+        ids
+    );
     let held = slot_claim(&api, &slot).await.expect("the slot is claimed");
     assert_eq!(
         held.spec.resource_claim.as_ref().map(|c| c.name.as_str()),
@@ -269,6 +316,23 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
     kubelet.terminate_pod(&uid, Phase::Succeeded).await.unwrap();
     eventually("the slot released", || async {
         slot_claim(&api, &slot).await.is_none().then_some(())
+    })
+    .await;
+    eventually("the claim gone from pod resources", || {
+        let mut lister = lister.clone();
+        async move {
+            let pods = lister
+                .list(wire::ListPodResourcesRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .pod_resources;
+            (!pods
+                .iter()
+                .flat_map(|p| &p.containers)
+                .any(|c| !c.dynamic_resources.is_empty()))
+            .then_some(())
+        }
     })
     .await;
     let dp = kubelet

@@ -56,12 +56,22 @@ pub(crate) fn copy(st: &State) -> (Vec<Holding>, BTreeMap<String, Served>) {
     (st.ledger.holders(), served)
 }
 
+/// What the slot ledger shows the node view.
+pub(crate) struct SlotsView {
+    /// Slots held through the device plugins, by pod (`Source::Slots`).
+    pub pods: Vec<PodAssignments>,
+    /// Slots prepared for DRA claims, under the claims' pods and containers
+    /// (`Source::Dra`).
+    pub dra: Vec<PodAssignments>,
+    pub allocatable: Allocatable,
+    /// The resource names the plugins serve.
+    pub names: BTreeSet<String>,
+}
+
 /// The slots held, by pod, what the plugins serve, and their resource names.
-pub(crate) fn slots_view(
-    holdings: Vec<Holding>,
-    served: &BTreeMap<String, Served>,
-) -> (Vec<PodAssignments>, Allocatable, BTreeSet<String>) {
+pub(crate) fn slots_view(holdings: Vec<Holding>, served: &BTreeMap<String, Served>) -> SlotsView {
     let mut pods: BTreeMap<String, PodAssignments> = BTreeMap::new();
+    let mut dra: BTreeMap<String, PodAssignments> = BTreeMap::new();
     for h in holdings {
         let Some(inst) = h
             .resource
@@ -71,7 +81,7 @@ pub(crate) fn slots_view(
             continue;
         };
         if let Some(hold) = h.claim {
-            add_claim(&mut pods, &hold, inst);
+            add_claim(&mut dra, &hold, inst);
             continue;
         }
         let Some(holder) = h.holder else { continue };
@@ -97,7 +107,12 @@ pub(crate) fn slots_view(
             devices.insert(format!("{}-{n}", inst.name), inst.numa.clone());
         }
     }
-    (pods.into_values().collect(), allocatable, names)
+    SlotsView {
+        pods: pods.into_values().collect(),
+        dra: dra.into_values().collect(),
+        allocatable,
+        names,
+    }
 }
 
 /// A slot prepared for a DRA claim, under every container of every pod the
@@ -161,10 +176,11 @@ pub(crate) async fn publish<L: ClaimStore, C: ClaimStore>(
             .as_ref()
             .is_some_and(|(h, s)| *h == holdings && same_served(s, &served));
         if !same {
-            let (pods, allocatable, names) = slots_view(holdings.clone(), &served);
-            hub.set_steward_resources(names);
-            hub.replace_allocatable(Source::Slots, allocatable);
-            hub.replace(Source::Slots, pods);
+            let view = slots_view(holdings.clone(), &served);
+            hub.set_steward_resources(view.names);
+            hub.replace_allocatable(Source::Slots, view.allocatable);
+            hub.replace(Source::Slots, view.pods);
+            hub.replace(Source::Dra, view.dra);
             last = Some((holdings, served));
         }
         // A change during the gap left a permit: the next round starts at
