@@ -1,0 +1,114 @@
+//! The DRA kubelet plugin across a kubelet restart: kubelet's plugin
+//! watcher finds the agent's registration socket again and re-registers
+//! the driver, and a claim prepared before the restart is unprepared after
+//! it (kubelet's checkpoint), freeing exactly its slot.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod dp;
+
+use dp::*;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use kube::Api;
+use kube::api::PostParams;
+use steward_agent::dra::DraPluginConfig;
+use steward_testing_apiserver::dra_alloc::allocate_claim;
+use steward_testing_kubelet::{ContainerSpec, Phase, PodSpec};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    cfg.device_plugins.as_mut().unwrap().dra = Some(DraPluginConfig::new(&node.root));
+    cfg.dra_slices = true;
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 2),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    let res = resource(&inst);
+    node.kubelet
+        .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
+        .await
+        .unwrap();
+    node.kubelet
+        .wait_for_dra_driver("steward.dev", WAIT)
+        .await
+        .unwrap();
+    eventually("the ResourceSlice", WAIT, || async {
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
+        let items = slices.list(&Default::default()).await.ok()?.items;
+        (!items.is_empty()).then_some(())
+    })
+    .await;
+    let class: DeviceClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cams.default.steward.dev"},
+        "spec": {"selectors": [{"cel": {
+            "expression": steward_core::dra::configuration_selector(NS, "cams")
+        }}]}
+    }))
+    .unwrap();
+    Api::<DeviceClass>::all(server.client())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cam"},
+        "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
+            "deviceClassName": "cams.default.steward.dev"
+        }}]}}
+    }))
+    .unwrap();
+    Api::<ResourceClaim>::namespaced(server.client(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let spec = PodSpec::new(NS, "web")
+        .resource_claim("cam", "cam")
+        .container(ContainerSpec::new("main").claim("cam"));
+    let uid = node.kubelet.create_pod_object(&spec).await.unwrap();
+    let allocated = allocate_claim(&server.client(), NS, "cam", "web", &uid, "node-a")
+        .await
+        .unwrap();
+    let device = allocated
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap()[0]
+        .device
+        .clone();
+    node.kubelet.add_pod(spec.uid(&uid)).await.unwrap();
+    let held = claim_of(&server, &device).await.expect("prepared");
+    assert!(held.spec.resource_claim.is_some());
+
+    // kubelet restarts: the driver registers again, the claim stays held.
+    node.kubelet.restart().await.unwrap();
+    node.kubelet
+        .wait_for_dra_driver("steward.dev", WAIT)
+        .await
+        .unwrap();
+    assert!(
+        claim_of(&server, &device)
+            .await
+            .is_some_and(|c| c.spec.resource_claim.is_some())
+    );
+
+    // The pod ends after the restart: unprepared from kubelet's checkpoint.
+    node.kubelet
+        .terminate_pod(&uid, Phase::Succeeded)
+        .await
+        .unwrap();
+    wait_released(&server, &device).await;
+    let other = format!("{instance}-{}", if device.ends_with("-0") { 1 } else { 0 });
+    assert!(claim_of(&server, &other).await.is_none());
+    agent.stop().await.unwrap();
+}
