@@ -264,8 +264,19 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     })
     .await;
     let mut plugin = DraPluginClient::new(channel(Path::new(&endpoint)).await);
+    // The restarted agent's device plugin (registered a second time)
+    // still reports the prepared slot Unhealthy, the pod's slot Healthy.
     node.kubelet
-        .wait_for_resource(&res, |s| s.healthy.is_empty(), WAIT)
+        .wait_for_resource(
+            &res,
+            |s| {
+                s.connected
+                    && s.registrations >= 2
+                    && s.unhealthy.contains(&slot0)
+                    && s.healthy.contains(&slot1)
+            },
+            WAIT,
+        )
         .await
         .unwrap();
     assert!(
