@@ -73,7 +73,7 @@ async fn main() {
     let mut agents = Vec::new();
     for n in [&node, &other] {
         let mut cfg = n.agent_config(dir.path(), server.client(), echo(true));
-        cfg.device_plugins.as_mut().unwrap().dra = Some(DraPluginConfig::new(&n.root));
+        cfg.dra_plugin = Some(DraPluginConfig::new(&n.root));
         cfg.dra_slices = true;
         agents.push(Agent::start(cfg));
     }

@@ -96,6 +96,9 @@ pub struct AgentConfig {
     /// Publish the node's devices as `resource.k8s.io/v1` ResourceSlices
     /// (Kubernetes mode only; [`crate::dra`]).
     pub dra_slices: bool,
+    /// Serve the DRA kubelet plugin on the device plugins' slot ledger
+    /// (needs `device_plugins`; [`crate::dra::kubelet`]).
+    pub dra_plugin: Option<crate::dra::DraPluginConfig>,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -119,6 +122,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("timings", &self.timings)
             .field("device_plugins", &self.device_plugins)
             .field("dra_slices", &self.dra_slices)
+            .field("dra_plugin", &self.dra_plugin)
             .finish()
     }
 }
@@ -147,6 +151,7 @@ impl AgentConfig {
             readiness: steward_nodeio::Readiness::new(),
             store_wait: Duration::from_secs(60),
             dra_slices: false,
+            dra_plugin: None,
         }
     }
 

@@ -221,7 +221,7 @@ fn device_plugins(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let directory = claims::InstanceDirectory::new();
-    let parts = deviceplugin::DevicePluginParts {
+    let mut parts = deviceplugin::DevicePluginParts {
         node: cfg.node_name.clone(),
         client: client.clone(),
         local: claims::LocalClaimStore::new(state),
@@ -232,7 +232,14 @@ fn device_plugins(
         view,
         readiness: cfg.readiness.clone(),
         events: Some(events),
+        with_core: Vec::new(),
     };
+    if let Some(dra) = cfg.dra_plugin.clone() {
+        let (client, readiness) = (client.clone(), cfg.readiness.clone());
+        parts.with_core.push(Box::new(move |core| {
+            Box::pin(dra::kubelet::serve(core, client, dra, readiness))
+        }));
+    }
     let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
     async move {
         if let Err(e) = run.await {

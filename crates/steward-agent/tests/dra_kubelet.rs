@@ -21,7 +21,7 @@ async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
     let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
-    cfg.device_plugins.as_mut().unwrap().dra = Some(DraPluginConfig::new(&node.root));
+    cfg.dra_plugin = Some(DraPluginConfig::new(&node.root));
     cfg.dra_slices = true;
     let agent = Agent::start(cfg);
     create_configuration(

@@ -110,7 +110,7 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
     let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
     let dra = DraPluginConfig::new(&node.root);
-    cfg.device_plugins.as_mut().unwrap().dra = Some(dra.clone());
+    cfg.dra_plugin = Some(dra.clone());
     let mut agent = Agent::start(cfg);
     create_configuration(
         &server,

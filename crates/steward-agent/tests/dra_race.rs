@@ -47,7 +47,7 @@ async fn device_plugin_and_dra_consumers_never_share_a_slot() {
     let dir = tempfile::tempdir().unwrap();
     let node = Arc::new(Node::start(dir.path(), "node-a", Some(server.client())).await);
     let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
-    cfg.device_plugins.as_mut().unwrap().dra = Some(DraPluginConfig::new(&node.root));
+    cfg.dra_plugin = Some(DraPluginConfig::new(&node.root));
     cfg.dra_slices = true;
     let agent = Agent::start(cfg);
     create_configuration(

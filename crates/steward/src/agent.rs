@@ -106,9 +106,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let mut dp = DevicePluginConfig::new(&args.kubelet_dir, cdi);
         dp.slots.pending_timeout_ms =
             u64::try_from(args.slot_pending_timeout.as_millis()).unwrap_or(u64::MAX);
-        if args.dra {
-            dp.dra = Some(steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir));
-        }
         dp
     });
     if args.dra && args.cdi_dir.as_os_str().is_empty() {
@@ -145,6 +142,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;
+    if args.dra {
+        cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir));
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     if let Some(socket) = args.pod_resources_socket {
         let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(socket);

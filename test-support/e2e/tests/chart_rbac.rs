@@ -358,7 +358,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     let mut dp = DevicePluginConfig::new(&root, None);
     dp.poll = Duration::from_millis(50);
     // dra.enabled: `--dra` — ResourceSlices and the DRA kubelet plugin.
-    dp.dra = Some(steward_agent::dra::DraPluginConfig::new(&root));
+    cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&root));
     cfg.dra_slices = true;
     cfg.device_plugins = Some(dp);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -99,7 +99,7 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
     };
     let mut dp = DevicePluginConfig::new(&root, Some(cdi_dir.clone()));
     dp.poll = Duration::from_millis(50);
-    dp.dra = Some(DraPluginConfig::new(&root));
+    cfg.dra_plugin = Some(DraPluginConfig::new(&root));
     cfg.device_plugins = Some(dp);
     cfg.dra_slices = true;
     let agent_pr = dir.path().join("pod-resources.sock");

@@ -25,7 +25,7 @@ use steward_proto::podresources::v1::{CdiDevice, ClaimResource, DynamicResource}
 use tonic::transport::Channel;
 use tracing::{debug, info};
 
-use crate::dra_state::{ClaimInfo, DriverState, PreparedDevice};
+use crate::dra_state::{ClaimInfo, ClaimInfos, DriverState, PreparedDevice};
 use crate::error::go_status_text;
 use crate::manager::State;
 use crate::pods::{ContainerSpec, PodSpec};
@@ -35,9 +35,6 @@ use crate::shared::Shared;
 pub const FAILED_PREPARE_DYNAMIC_RESOURCES: &str = "FailedPrepareDynamicResources";
 /// kubelet's default timeout for calls to DRA plugins.
 const CALL_TIMEOUT: Duration = Duration::from_secs(45);
-
-/// Claim infos by (namespace, claim name).
-pub(crate) type ClaimInfos = BTreeMap<(String, String), ClaimInfo>;
 
 fn api_error_text(e: &kube::Error) -> String {
     match e {

@@ -12,7 +12,7 @@ use crate::dra_state::{self, ClaimInfo};
 use crate::error::Error;
 use crate::manager::State;
 use crate::mirror;
-use crate::plugins::DraPlugin;
+use crate::plugin_registry::DraPlugin;
 use crate::pods::PodSpec;
 use crate::shared::Paths;
 use crate::{Kubelet, dra};

@@ -62,6 +62,9 @@ fn map_as_set<'de, D: Deserializer<'de>>(de: D) -> Result<BTreeSet<String>, D::E
     Ok(map.unwrap_or_default().into_keys().collect())
 }
 
+/// Claim infos by (namespace, claim name).
+pub(crate) type ClaimInfos = BTreeMap<(String, String), ClaimInfo>;
+
 /// kubelet's claim info: a ResourceClaim prepared (or being prepared) on
 /// this node, the pods using it, and what each driver prepared.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

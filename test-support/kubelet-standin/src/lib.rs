@@ -29,6 +29,7 @@ mod error;
 mod manager;
 mod mirror;
 mod names;
+mod plugin_registry;
 mod plugins;
 mod podresources;
 mod pods;
@@ -58,7 +59,7 @@ pub use endpoint::connect_unix;
 pub use error::{Error, go_status_text};
 pub use manager::{ContainerDevices, ResourceState};
 pub use names::is_extended_resource_name;
-pub use plugins::DraPlugin;
+pub use plugin_registry::DraPlugin;
 pub use pods::{ContainerClaim, ContainerSpec, Phase, PodResourceClaim, PodSpec, PodStatus};
 pub use shared::{CHECKPOINT_FILE, PODS_FILE, Paths};
 

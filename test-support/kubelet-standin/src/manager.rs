@@ -95,9 +95,9 @@ pub(crate) struct State {
     /// (kubelet's `device_plugin_alloc_duration_seconds`).
     pub alloc_durations: BTreeMap<String, Vec<std::time::Duration>>,
     /// Registered DRA plugins (the plugin watcher's DRA handler).
-    pub dra_plugins: crate::plugins::Registry,
+    pub dra_plugins: crate::plugin_registry::Registry,
     /// The DRA manager's claim infos.
-    pub dra_claims: crate::dra::ClaimInfos,
+    pub dra_claims: crate::dra_state::ClaimInfos,
 }
 
 impl State {

@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::endpoint::{DIAL_TIMEOUT, connect_unix};
 use crate::error::go_status_text;
+use crate::plugin_registry::{DraPlugin, PluginEntry};
 use crate::shared::Shared;
 
 /// How often the registry directory is scanned.
@@ -44,77 +45,6 @@ const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(122);
 /// gRPC services the stand-in speaks to DRA plugins.
 pub const SUPPORTED_SERVICES: &[&str] = &[SERVICE_VERSION];
-
-/// One registered DRA plugin instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DraPlugin {
-    /// DRA driver name (`PluginInfo.name`).
-    pub driver: String,
-    /// Socket kubelet calls `NodePrepareResources` on.
-    pub endpoint: PathBuf,
-    /// Registration socket in `plugins_registry`.
-    pub registration_socket: PathBuf,
-    /// gRPC service chosen (`v1.DRAPlugin`).
-    pub service: String,
-}
-
-pub(crate) struct PluginEntry {
-    pub info: DraPlugin,
-    pub client: DraPluginClient<Channel>,
-}
-
-/// driver → registered instances, newest last.
-#[derive(Default)]
-pub(crate) struct Registry {
-    drivers: BTreeMap<String, Vec<PluginEntry>>,
-}
-
-impl Registry {
-    /// The newest instance of `driver`, or kubelet's error text.
-    pub fn client(&self, driver: &str) -> Result<DraPluginClient<Channel>, String> {
-        if driver.is_empty() {
-            return Err("DRA driver name is empty".to_string());
-        }
-        self.drivers
-            .get(driver)
-            .and_then(|v| v.last())
-            .map(|e| e.client.clone())
-            .ok_or_else(|| format!("DRA driver {driver} is not registered"))
-    }
-
-    fn add(&mut self, entry: PluginEntry) -> Result<(), String> {
-        let list = self.drivers.entry(entry.info.driver.clone()).or_default();
-        if list.iter().any(|e| e.info.endpoint == entry.info.endpoint) {
-            return Err(format!(
-                "endpoint {} already registered for DRA driver plugin {}",
-                entry.info.endpoint.display(),
-                entry.info.driver
-            ));
-        }
-        list.push(entry);
-        Ok(())
-    }
-
-    fn remove(&mut self, driver: &str, endpoint: &Path) {
-        if let Some(list) = self.drivers.get_mut(driver) {
-            list.retain(|e| e.info.endpoint != endpoint);
-            if list.is_empty() {
-                self.drivers.remove(driver);
-            }
-        }
-    }
-
-    pub fn clear(&mut self) {
-        self.drivers.clear();
-    }
-
-    pub fn snapshot(&self) -> BTreeMap<String, Vec<DraPlugin>> {
-        self.drivers
-            .iter()
-            .map(|(d, list)| (d.clone(), list.iter().map(|e| e.info.clone()).collect()))
-            .collect()
-    }
-}
 
 /// A socket file's identity: a re-created socket is a new plugin.
 type Identity = (u64, u64, i64, i64);

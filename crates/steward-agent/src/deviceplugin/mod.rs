@@ -84,8 +84,6 @@ pub struct DevicePluginConfig {
     pub poll: Duration,
     /// Upper bound on one claim store operation or kubelet call.
     pub op_timeout: Duration,
-    /// The DRA kubelet plugin, on the same slot ledger; `None`: not served.
-    pub dra: Option<crate::dra::DraPluginConfig>,
 }
 
 impl DevicePluginConfig {
@@ -101,7 +99,6 @@ impl DevicePluginConfig {
             tick_interval: Duration::from_millis(500),
             poll: Duration::from_millis(100),
             op_timeout: Duration::from_secs(5),
-            dra: None,
         }
     }
 }
@@ -138,7 +135,16 @@ pub struct DevicePluginParts<L, C> {
     pub readiness: steward_nodeio::Readiness,
     /// Kubernetes Events on the Instances (slot released, claim conflict).
     pub events: Option<crate::events::EventSink>,
+    /// Tasks that serve on the same slot ledger (the DRA kubelet plugin),
+    /// started with it and stopped with the plugins.
+    pub(crate) with_core: Vec<CoreTask<L, C>>,
 }
+
+/// A task given the slot keeper (weakly: it answers Unavailable once the
+/// plugins stop).
+pub(crate) type CoreTask<L, C> = Box<
+    dyn FnOnce(std::sync::Weak<SlotKeeper<L, C>>) -> futures::future::BoxFuture<'static, ()> + Send,
+>;
 
 struct Running {
     inst: ServedInstance,
@@ -165,6 +171,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         view,
         readiness,
         events,
+        with_core,
     } = parts;
     readiness.not_ready("device-plugins", "recovering the slot ledger");
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
@@ -221,13 +228,8 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     if let Some(hub) = view {
         tasks.spawn(view::publish(core.clone(), hub));
     }
-    if let Some(dra) = config.dra.clone() {
-        tasks.spawn(crate::dra::kubelet::serve(
-            Arc::downgrade(&core),
-            client.clone(),
-            dra,
-            readiness.clone(),
-        ));
+    for task in with_core {
+        tasks.spawn(task(Arc::downgrade(&core)));
     }
 
     let serving = serving::ServingBoard::default();
