@@ -351,3 +351,139 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     );
     agent.stop().await.unwrap();
 }
+
+/// One call from Python grpcio (gRPC C-core, as some kubelet-side tools
+/// and monitoring agents are) over a unix socket: the response bytes, or
+/// `None` (after saying why) when python3 or grpcio is missing.
+fn grpcio(
+    socket: &Path,
+    method: &str,
+    request: &impl prost::Message,
+    kind: &str,
+) -> Option<Vec<u8>> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../steward-nodeio/tests/fixtures/grpc_call.py");
+    let hex: String = request
+        .encode_to_vec()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let out = match std::process::Command::new("python3")
+        .arg(script)
+        .arg(socket)
+        .arg(method)
+        .arg(hex)
+        .arg(kind)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIPPED: python3 cannot be run ({e})");
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.code() == Some(3) {
+        println!("SKIPPED: grpcio is not installed ({})", stdout.trim());
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "{method}: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout.lines().next().unwrap_or_default();
+    let hex = line
+        .strip_prefix("OK ")
+        .unwrap_or_else(|| panic!("{method}: {stdout}"));
+    Some(
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_core_client_gets_info_prepares_watches_health_and_unprepares() {
+    use prost::Message;
+    use steward_proto::dra::v1::{NodePrepareResourcesResponse, NodeUnprepareResourcesResponse};
+    use steward_proto::pluginregistration::v1::PluginInfo;
+
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let dra = DraPluginConfig::new(&node.root);
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 1),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    node.kubelet
+        .wait_for_resource(&resource(&inst), |s| s.healthy.len() == 1, WAIT)
+        .await
+        .unwrap();
+    // Both sockets are served once the registration socket answers.
+    channel(&dra.registration_socket()).await;
+
+    let Some(info) = grpcio(
+        &dra.registration_socket(),
+        "/pluginregistration.Registration/GetInfo",
+        &InfoRequest {},
+        "unary",
+    ) else {
+        return;
+    };
+    let info = PluginInfo::decode(info.as_slice()).unwrap();
+    assert_eq!(
+        (info.r#type.as_str(), info.name.as_str()),
+        ("DRAPlugin", "steward.dev")
+    );
+    let socket = Path::new(&info.endpoint).to_path_buf();
+
+    let dev0 = device_name(&instance, 0);
+    let uid = allocated_claim(&server, "cam", "steward.dev", &[("node-a", dev0.clone())]).await;
+    let prepared = grpcio(
+        &socket,
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        &NodePrepareResourcesRequest {
+            claims: vec![claim("cam", &uid)],
+        },
+        "unary",
+    )
+    .unwrap();
+    let prepared = NodePrepareResourcesResponse::decode(prepared.as_slice()).unwrap();
+    assert_eq!(prepared.claims[&uid].error, "");
+    assert_eq!(prepared.claims[&uid].devices[0].device_name, dev0);
+
+    let health = grpcio(
+        &socket,
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+        &NodeWatchResourcesRequest {},
+        "stream",
+    )
+    .unwrap();
+    let health = NodeWatchResourcesResponse::decode(health.as_slice()).unwrap();
+    assert_eq!(health.devices.len(), 1);
+    assert_eq!(health.devices[0].health, HealthStatus::Healthy as i32);
+
+    let unprepared = grpcio(
+        &socket,
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        &NodeUnprepareResourcesRequest {
+            claims: vec![claim("cam", &uid)],
+        },
+        "unary",
+    )
+    .unwrap();
+    let unprepared = NodeUnprepareResourcesResponse::decode(unprepared.as_slice()).unwrap();
+    assert_eq!(unprepared.claims[&uid].error, "");
+    wait_released(&server, &format!("{instance}-0")).await;
+    agent.stop().await.unwrap();
+}
