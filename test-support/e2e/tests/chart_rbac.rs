@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -27,9 +27,10 @@ use steward_proto::cri::runtime::v1 as cri;
 use steward_reservations::ControllerConfig;
 use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig};
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
+use steward_testing_apiserver::dra_alloc::allocate_claim;
 use steward_testing_apiserver::{Access, ApiServer};
 use steward_testing_containerd::{ContainerSpec as CriContainer, Containerd, PodNetwork};
-use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, PodSpec};
+use steward_testing_kubelet::{ContainerSpec, Kubelet, KubeletConfig, Phase, PodSpec};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -355,7 +356,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         file_poll_interval: Duration::from_millis(100),
         max_conflict_retries: 8,
     };
-    let mut dp = DevicePluginConfig::new(&root, None);
+    let mut dp = DevicePluginConfig::new(&root, Some(dir.path().join("cdi")));
     dp.poll = Duration::from_millis(50);
     // dra.enabled: `--dra` — ResourceSlices and the DRA kubelet plugin.
     cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&root));
@@ -452,6 +453,44 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         }
     })
     .await;
+    // dra.enabled: a pod with a ResourceClaim on the same device, prepared
+    // by the agent's DRA plugin (it reads the claim and its pod).
+    let class: DeviceClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cams-by-hand"},
+        "spec": {"selectors": [{"cel": {
+            "expression": steward_core::dra::configuration_selector("default", "cams")
+        }}]}
+    }))
+    .unwrap();
+    Api::<DeviceClass>::all(api.client())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let rc: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cam", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
+            "deviceClassName": "cams-by-hand"
+        }}]}}
+    }))
+    .unwrap();
+    Api::<ResourceClaim>::namespaced(api.client(), "default")
+        .create(&PostParams::default(), &rc)
+        .await
+        .unwrap();
+    let spec = PodSpec::new("default", "dra-user")
+        .resource_claim("cam", "cam")
+        .container(ContainerSpec::new("main").claim("cam"));
+    let uid = kubelet.create_pod_object(&spec).await.unwrap();
+    allocate_claim(&api.client(), "default", "cam", "dra-user", &uid, "node-a")
+        .await
+        .unwrap();
+    let prepared = kubelet
+        .add_pod(spec.uid(&uid))
+        .await
+        .expect("prepared by the agent as its ServiceAccount");
+    assert_eq!(prepared.cdi_devices["main"].len(), 1);
+    kubelet.terminate_pod(&uid, Phase::Succeeded).await.unwrap();
+
     // The proxy published its policy and topology on the Node.
     eventually("the Node annotated by the proxy", || {
         let nodes = Api::<Node>::all(api.client());
