@@ -487,3 +487,73 @@ async fn a_grpc_core_client_gets_info_prepares_watches_health_and_unprepares() {
     wait_released(&server, &format!("{instance}-0")).await;
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_claim_left_the_api_is_released_and_a_live_one_is_kept() {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let mut dra = DraPluginConfig::new(&node.root);
+    dra.gc_interval = std::time::Duration::from_millis(200);
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 2),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    node.kubelet
+        .wait_for_resource(&resource(&inst), |s| s.healthy.len() == 2, WAIT)
+        .await
+        .unwrap();
+    let mut plugin = DraPluginClient::new(channel(&dra.plugin_socket()).await);
+    let live = allocated_claim(
+        &server,
+        "live",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 0))],
+    )
+    .await;
+    let lost = allocated_claim(
+        &server,
+        "lost",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 1))],
+    )
+    .await;
+    let answer = plugin
+        .node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![claim("live", &live), claim("lost", &lost)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims.values().all(|c| c.error.is_empty()),
+        "{answer:?}"
+    );
+
+    // kubelet's record of "lost" is gone (node rebuilt) and so is the
+    // claim: nobody will unprepare it.
+    Api::<ResourceClaim>::namespaced(server.client(), NS)
+        .delete("lost", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait_released(&server, &format!("{instance}-1")).await;
+    // The claim still allocated keeps its slot, sweep after sweep.
+    let slot0 = format!("{instance}-0");
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(1_500);
+    while tokio::time::Instant::now() < until {
+        let held = claim_of(&server, &slot0).await;
+        assert!(
+            held.is_some_and(|c| c.spec.resource_claim.is_some_and(|r| r.uid == live)),
+            "the live claim lost its slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    agent.stop().await.unwrap();
+}

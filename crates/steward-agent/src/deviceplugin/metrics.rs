@@ -50,7 +50,8 @@ pub struct DevicePluginMetrics {
     /// claims included.
     pub prepare_seconds: Histogram,
     /// `steward_dra_unprepares_total{result}`: NodeUnprepareResources per
-    /// claim (`ok`, or `none` when it held nothing).
+    /// claim (`ok`, or `none` when it held nothing), and `collected`: holds
+    /// of claims gone from the API, released without kubelet.
     pub unprepares: Family<ResultLabels, Counter>,
 }
 

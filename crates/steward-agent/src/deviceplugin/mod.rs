@@ -57,7 +57,7 @@ pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
 pub use self::prepare::{AllocatedDevice, PreparedDevice};
 
-pub(crate) use self::keeper::SlotKeeper;
+pub(crate) use self::keeper::{SlotKeeper, now};
 use self::plugin::PluginSite;
 pub(crate) use self::plugin::finish_task;
 use self::watch::CatalogEvent;

@@ -140,15 +140,20 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     }
 
     /// Unprepares the claim with `uid`: frees exactly the slots it holds
-    /// (none if it holds none) and returns them.
-    pub async fn unprepare_claim(&self, uid: &str) -> Vec<String> {
+    /// (none if it holds none) and returns them. `collected`: released by
+    /// the safety net (`crate::dra::gc`), not by kubelet.
+    pub async fn unprepare_claim(&self, uid: &str, collected: bool) -> Vec<String> {
         let mut st = self.lock().await;
         let slots = st.ledger.prepared_for(uid);
         let effects = st.ledger.unprepare(uid);
         self.apply(&mut st, effects).await;
         drop(st);
         self.metrics
-            .unprepared(if slots.is_empty() { "none" } else { "ok" });
+            .unprepared(match (collected, slots.is_empty()) {
+                (_, true) => "none",
+                (true, false) => "collected",
+                (false, false) => "ok",
+            });
         if !slots.is_empty() {
             tracing::info!(claim_uid = %uid, ?slots, "DRA claim unprepared");
         }

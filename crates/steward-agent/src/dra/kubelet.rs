@@ -75,6 +75,9 @@ pub struct DraPluginConfig {
     pub poll: Duration,
     /// Bound on each API read of a prepare.
     pub op_timeout: Duration,
+    /// How often the claims holding slots are read back, to release those
+    /// gone from the API ([`super::gc`]).
+    pub gc_interval: Duration,
 }
 
 impl DraPluginConfig {
@@ -85,6 +88,7 @@ impl DraPluginConfig {
             plugin_dir: kubelet_root.join("plugins").join(DRIVER),
             poll: Duration::from_millis(200),
             op_timeout: Duration::from_secs(5),
+            gc_interval: Duration::from_secs(60),
         }
     }
 
@@ -244,7 +248,7 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
         for claim in request.into_inner().claims {
             let error = match valid(&claim) {
                 Ok(()) => {
-                    core.unprepare_claim(&claim.uid).await;
+                    core.unprepare_claim(&claim.uid, false).await;
                     String::new()
                 }
                 Err(e) => e,
@@ -281,6 +285,12 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
     readiness: steward_nodeio::Readiness,
 ) {
     readiness.not_ready(READINESS, "not registered with kubelet yet");
+    let _gc = AbortOnDropHandle::new(tokio::spawn(super::gc::collect(
+        core.clone(),
+        client.clone(),
+        config.gc_interval,
+        config.op_timeout,
+    )));
     loop {
         let Some((plugin_listener, plugin_guard)) = bind(&config.plugin_socket()) else {
             tokio::time::sleep(config.poll).await;

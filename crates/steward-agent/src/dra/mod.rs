@@ -9,10 +9,13 @@
 //!   (NodePrepareResources / NodeUnprepareResources).
 //! * `health`: device health on kubelet's DRA resource health stream
 //!   (`v1alpha1.DRAResourceHealth`, served on the same socket).
+//! * [`gc`]: the safety net under unprepare (holds of claims gone from the
+//!   API are released).
 //! * [`claims`]: reading an allocated ResourceClaim (its devices of this
 //!   driver and the pods and containers using it).
 
 pub mod claims;
+pub mod gc;
 mod health;
 pub mod kubelet;
 pub mod slices;

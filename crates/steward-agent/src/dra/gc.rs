@@ -1,0 +1,156 @@
+//! The safety net under unprepare: kubelet unprepares every claim it
+//! prepared (it checkpoints a claim before preparing it), but a node whose
+//! kubelet state was wiped, or a hold brought back by a restart after a
+//! failed local delete, would otherwise keep a slot forever. Every
+//! interval, each claim holding slots here is read back from the API; a
+//! hold whose claim is gone, replaced (another UID) or no longer allocated
+//! that device is released as if kubelet had unprepared it. A claim keeps
+//! its allocation while any pod still uses it (the resourceclaim
+//! controller deallocates only a claim nobody reserves), so a live pod's
+//! device is never taken.
+
+use std::collections::BTreeMap;
+use std::sync::Weak;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use steward_core::dra::DRIVER;
+use steward_core::ledger::ClaimHold;
+
+use crate::claims::ClaimStore;
+use crate::deviceplugin::SlotKeeper;
+
+/// Why a hold is released, or `None` to keep it.
+pub fn stale(hold: &ClaimHold, claim: Option<&ResourceClaim>) -> Option<String> {
+    let Some(claim) = claim else {
+        return Some(format!("ResourceClaim {} no longer exists", hold.claim));
+    };
+    if claim.metadata.uid.as_deref() != Some(hold.uid()) {
+        return Some(format!("ResourceClaim {} was replaced", hold.claim));
+    }
+    let allocated = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .is_some_and(|results| {
+            results
+                .iter()
+                .any(|r| r.driver == DRIVER && r.pool == hold.pool && r.device == hold.device)
+        });
+    (!allocated).then(|| {
+        format!(
+            "ResourceClaim {} is no longer allocated device {}/{}",
+            hold.claim, hold.pool, hold.device
+        )
+    })
+}
+
+/// Sweeps every `interval` until dropped. Holds younger than one interval
+/// are left alone (a prepare that just answered).
+pub(crate) async fn collect<L: ClaimStore, C: ClaimStore>(
+    core: Weak<SlotKeeper<L, C>>,
+    client: kube::Client,
+    interval: Duration,
+    op_timeout: Duration,
+) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(keeper) = core.upgrade() else {
+            return;
+        };
+        let now = crate::deviceplugin::now();
+        let holds: BTreeMap<String, Vec<ClaimHold>> = {
+            let st = keeper.lock_quiet().await;
+            let mut by_uid: BTreeMap<String, Vec<ClaimHold>> = BTreeMap::new();
+            for h in st.ledger.holders() {
+                if let Some(hold) = h.claim
+                    && now.since(h.since) >= u64::try_from(interval.as_millis()).unwrap_or(u64::MAX)
+                {
+                    by_uid.entry(hold.uid().to_owned()).or_default().push(*hold);
+                }
+            }
+            by_uid
+        };
+        for (uid, holds) in holds {
+            let Some(first) = holds.first() else { continue };
+            let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &first.claim.namespace);
+            let claim = match tokio::time::timeout(op_timeout, api.get_opt(&first.claim.name)).await
+            {
+                Ok(Ok(claim)) => claim,
+                Ok(Err(e)) => {
+                    tracing::debug!(claim = %first.claim, error = %e, "cannot read a prepared claim back; kept");
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            if let Some(why) = holds.iter().find_map(|h| stale(h, claim.as_ref())) {
+                tracing::warn!(claim = %first.claim, claim_uid = %uid, reason = %why, "releasing the slots of a claim kubelet never unprepared");
+                let slots = keeper.unprepare_claim(&uid, true).await;
+                tracing::info!(claim_uid = %uid, ?slots, "stale DRA hold released");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steward_core::ledger::ClaimRef;
+
+    fn hold() -> ClaimHold {
+        let mut h = ClaimHold::of(ClaimRef::new("u1", "default", "cam"));
+        h.pool = "node-a".into();
+        h.device = "cam-0".into();
+        h
+    }
+
+    fn claim(uid: &str, devices: &[(&str, &str, &str)]) -> ResourceClaim {
+        let results: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|(driver, pool, device)| {
+                serde_json::json!({"request": "r", "driver": driver, "pool": pool, "device": device})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cam", "namespace": "default", "uid": uid},
+            "spec": {"devices": {}},
+            "status": {"allocation": {"devices": {"results": results}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_claim_gone_replaced_or_moved_off_the_device_is_stale() {
+        let h = hold();
+        assert_eq!(
+            stale(
+                &h,
+                Some(&claim("u1", &[("steward.dev", "node-a", "cam-0")]))
+            ),
+            None
+        );
+        assert!(stale(&h, None).unwrap().contains("no longer exists"));
+        assert!(
+            stale(
+                &h,
+                Some(&claim("u2", &[("steward.dev", "node-a", "cam-0")]))
+            )
+            .unwrap()
+            .contains("replaced")
+        );
+        for other in [
+            ("steward.dev", "node-a", "cam-1"),
+            ("gpu.example.com", "node-a", "cam-0"),
+            ("steward.dev", "node-b", "cam-0"),
+        ] {
+            assert!(
+                stale(&h, Some(&claim("u1", &[other]))).is_some(),
+                "{other:?}"
+            );
+        }
+        assert!(stale(&h, Some(&claim("u1", &[]))).is_some());
+    }
+}
