@@ -474,7 +474,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
         let mut st = self.lock().await;
-        self.claim_durably(&mut st, &format!("{ids:?}"), |ledger| {
+        self.claim_durably(&mut st, || format!("{ids:?}"), |ledger| {
             ledger.allocate(&ids, now())
         })
         .await?;
@@ -485,7 +485,8 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         Ok(response)
     }
 
-    /// Makes a plan of the ledger's (`make`: Allocate or a DRA prepare)
+    /// Makes a plan of the ledger's (`make`: Allocate or a DRA prepare;
+    /// `what` names its devices in errors, formatted only then)
     /// durable — local store, then the cluster — and commits it; on any
     /// failure the plan is rolled back and the error says why. A cluster
     /// found unreachable mid-way is retried once against the local ledger
@@ -493,7 +494,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     pub(super) async fn claim_durably(
         &self,
         st: &mut State,
-        what: &str,
+        what: impl Fn() -> String,
         mut make: impl FnMut(&mut SlotLedger) -> Result<AllocatePlan, AllocateError>,
     ) -> Result<(), (Status, &'static str)> {
         let mut retried = false;
@@ -501,7 +502,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             let plan = match make(&mut st.ledger) {
                 Ok(plan) => plan,
                 Err(e) => {
-                    tracing::warn!(devices = %what, error = %e, "claim refused");
+                    tracing::warn!(devices = %what(), error = %e, "claim refused");
                     return Err(allocate_status(&e));
                 }
             };
@@ -542,10 +543,11 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 Durable::ClusterDown(m) | Durable::Failed(m) => {
                     let fx = st.ledger.abort(plan.id).unwrap_or_default();
                     self.apply(st, fx).await;
-                    tracing::error!(devices = %what, error = %m, "slot claims could not be made durable");
+                    tracing::error!(devices = %what(), error = %m, "slot claims could not be made durable");
                     return Err((
                         Status::unavailable(format!(
-                            "slot claims for {what} could not be made durable: {m}; nothing was allocated"
+                            "slot claims for {} could not be made durable: {m}; nothing was allocated",
+                            what()
                         )),
                         "store_failed",
                     ));

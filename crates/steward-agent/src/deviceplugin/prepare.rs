@@ -116,9 +116,12 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 cdi_ids: vec![cdi],
             });
         }
-        let what = format!("ResourceClaim {claim}");
         let result = self
-            .claim_durably(&mut st, &what, |ledger| ledger.prepare(&holds, now()))
+            .claim_durably(
+                &mut st,
+                || format!("ResourceClaim {claim}"),
+                |ledger| ledger.prepare(&holds, now()),
+            )
             .await;
         // The slots turned Unhealthy for the device plugins when the plan
         // was made, and back if it was rolled back.

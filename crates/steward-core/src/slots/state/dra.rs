@@ -41,19 +41,7 @@ impl SlotLedger {
         for (slot, hold) in &wanted {
             self.check_preparable(slot, hold)?;
         }
-        let id = PlanId(self.next_plan);
-        self.next_plan += 1;
-        let target = if self.reachable {
-            Target::Both
-        } else {
-            Target::Local
-        };
-        let mut plan = Plan {
-            at,
-            target,
-            slots: Vec::new(),
-            created: BTreeSet::new(),
-        };
+        let (id, mut plan) = self.open_plan(at);
         let mut writes = Vec::new();
         for (slot, hold) in wanted {
             let epoch = self.bump();
@@ -78,6 +66,7 @@ impl SlotLedger {
             claim.dra = Some(Box::new(hold.clone()));
             writes.push(self.record(slot, &self.claims[slot.as_str()]));
         }
+        let target = plan.target;
         self.plans.insert(id, plan);
         Ok(AllocatePlan { id, writes, target })
     }

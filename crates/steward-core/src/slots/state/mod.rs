@@ -330,19 +330,7 @@ impl SlotLedger {
         for id in &slots {
             self.check_allocatable(id)?;
         }
-        let id = PlanId(self.next_plan);
-        self.next_plan += 1;
-        let target = if self.reachable {
-            Target::Both
-        } else {
-            Target::Local
-        };
-        let mut plan = Plan {
-            at,
-            target,
-            slots: Vec::new(),
-            created: BTreeSet::new(),
-        };
+        let (id, mut plan) = self.open_plan(at);
         let mut writes = Vec::new();
         for slot in slots {
             let epoch = self.bump();
@@ -365,6 +353,7 @@ impl SlotLedger {
             let record = self.record(slot, &self.claims[slot.as_str()]);
             writes.push(record);
         }
+        let target = plan.target;
         self.plans.insert(id, plan);
         Ok(AllocatePlan { id, writes, target })
     }
@@ -499,6 +488,25 @@ impl SlotLedger {
     }
 
     // ----- helpers -------------------------------------------------------
+
+    /// A new, empty plan made at `at`: to both stores when the API server
+    /// is reachable, else the local one (the cluster part queued).
+    pub(super) fn open_plan(&mut self, at: Millis) -> (PlanId, Plan) {
+        let id = PlanId(self.next_plan);
+        self.next_plan += 1;
+        let target = if self.reachable {
+            Target::Both
+        } else {
+            Target::Local
+        };
+        let plan = Plan {
+            at,
+            target,
+            slots: Vec::new(),
+            created: BTreeSet::new(),
+        };
+        (id, plan)
+    }
 
     pub(super) fn bump(&mut self) -> u64 {
         let epoch = self.next_epoch;
