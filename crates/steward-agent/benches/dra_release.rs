@@ -27,10 +27,9 @@ mod dp;
 use std::time::{Duration, Instant};
 
 use dp::*;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
-use steward_agent::dra::DraPluginConfig;
+use kube::api::DeleteParams;
 use steward_testing_apiserver::dra_alloc::{allocate_claim, unreserve_claim};
 use steward_testing_kubelet::{ContainerSpec, Phase, PodSpec};
 
@@ -72,10 +71,12 @@ async fn main() {
     let other = Node::start(dir.path(), "node-b", Some(server.client())).await;
     let mut agents = Vec::new();
     for n in [&node, &other] {
-        let mut cfg = n.agent_config(dir.path(), server.client(), echo(true));
-        cfg.dra_plugin = Some(DraPluginConfig::new(&n.root));
-        cfg.dra_slices = true;
-        agents.push(Agent::start(cfg));
+        agents.push(Agent::start(dra_agent_config(
+            n,
+            dir.path(),
+            server.client(),
+            echo(true),
+        )));
     }
     create_configuration(
         &server,
@@ -95,26 +96,8 @@ async fn main() {
         .wait_for_dra_driver("steward.dev", WAIT)
         .await
         .unwrap();
-    let class: DeviceClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cams.default.steward.dev"},
-        "spec": {"selectors": [{"cel": {
-            "expression": steward_core::dra::configuration_selector(NS, "cams")
-        }}]}
-    }))
-    .unwrap();
-    Api::<DeviceClass>::all(server.client())
-        .create(&PostParams::default(), &class)
-        .await
-        .unwrap();
-    eventually("the ResourceSlice", WAIT, || async {
-        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
-        let items = slices.list(&Default::default()).await.ok()?.items;
-        items
-            .iter()
-            .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
-            .then_some(())
-    })
-    .await;
+    create_device_class(&server, "cams").await;
+    wait_for_devices(&server, 1).await;
     let claims: Api<ResourceClaim> = Api::namespaced(server.client(), NS);
 
     let mut dp_release = Vec::new();
@@ -154,14 +137,7 @@ async fn main() {
 
         // DRA: claimed, scheduled, prepared at admission, then the pod ends.
         let name = format!("claim-{i}");
-        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
-                "deviceClassName": "cams.default.steward.dev"
-            }}]}}
-        }))
-        .unwrap();
-        claims.create(&PostParams::default(), &claim).await.unwrap();
+        create_claim(&server.client(), &name, "cams.default.steward.dev").await;
         let pod = format!("dra-{i}");
         let spec = PodSpec::new(NS, &pod)
             .resource_claim("cam", &name)

@@ -7,10 +7,6 @@
 mod dp;
 
 use dp::*;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use kube::Api;
-use kube::api::PostParams;
-use steward_agent::dra::DraPluginConfig;
 use steward_testing_apiserver::dra_alloc::allocate_claim;
 use steward_testing_kubelet::{ContainerSpec, Phase, PodSpec};
 
@@ -20,9 +16,7 @@ async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
     server.serve_dra();
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
-    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
-    cfg.dra_plugin = Some(DraPluginConfig::new(&node.root));
-    cfg.dra_slices = true;
+    let cfg = dra_agent_config(&node, dir.path(), server.client(), echo(false));
     let agent = Agent::start(cfg);
     create_configuration(
         &server,
@@ -40,34 +34,9 @@ async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
         .wait_for_dra_driver("steward.dev", WAIT)
         .await
         .unwrap();
-    eventually("the ResourceSlice", WAIT, || async {
-        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
-        let items = slices.list(&Default::default()).await.ok()?.items;
-        (!items.is_empty()).then_some(())
-    })
-    .await;
-    let class: DeviceClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cams.default.steward.dev"},
-        "spec": {"selectors": [{"cel": {
-            "expression": steward_core::dra::configuration_selector(NS, "cams")
-        }}]}
-    }))
-    .unwrap();
-    Api::<DeviceClass>::all(server.client())
-        .create(&PostParams::default(), &class)
-        .await
-        .unwrap();
-    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cam"},
-        "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
-            "deviceClassName": "cams.default.steward.dev"
-        }}]}}
-    }))
-    .unwrap();
-    Api::<ResourceClaim>::namespaced(server.client(), NS)
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
+    wait_for_devices(&server, 2).await;
+    create_device_class(&server, "cams").await;
+    create_claim(&server.client(), "cam", "cams.default.steward.dev").await;
     let spec = PodSpec::new(NS, "web")
         .resource_claim("cam", "cam")
         .container(ContainerSpec::new("main").claim("cam"));

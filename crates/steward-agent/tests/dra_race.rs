@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dp::*;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
-use steward_agent::dra::DraPluginConfig;
+use kube::api::DeleteParams;
 use steward_testing_apiserver::dra_alloc::{allocate_claim, unreserve_claim};
 use steward_testing_kubelet::{ContainerSpec, Phase, PodSpec};
 
@@ -46,9 +45,7 @@ async fn device_plugin_and_dra_consumers_never_share_a_slot() {
     server.serve_dra();
     let dir = tempfile::tempdir().unwrap();
     let node = Arc::new(Node::start(dir.path(), "node-a", Some(server.client())).await);
-    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
-    cfg.dra_plugin = Some(DraPluginConfig::new(&node.root));
-    cfg.dra_slices = true;
+    let cfg = dra_agent_config(&node, dir.path(), server.client(), echo(false));
     let agent = Agent::start(cfg);
     create_configuration(
         &server,
@@ -66,29 +63,9 @@ async fn device_plugin_and_dra_consumers_never_share_a_slot() {
         .wait_for_dra_driver("steward.dev", WAIT)
         .await
         .unwrap();
-    let class: DeviceClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cams.default.steward.dev"},
-        "spec": {"selectors": [{"cel": {
-            "expression": steward_core::dra::configuration_selector(NS, "cams")
-        }}]}
-    }))
-    .unwrap();
-    Api::<DeviceClass>::all(server.client())
-        .create(&PostParams::default(), &class)
-        .await
-        .unwrap();
+    create_device_class(&server, "cams").await;
     // The slices are what the scheduler allocates from.
-    eventually("the ResourceSlice", WAIT, || async {
-        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
-        let items = slices.list(&Default::default()).await.ok()?.items;
-        (items
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .count()
-            == CAPACITY as usize)
-            .then_some(())
-    })
-    .await;
+    wait_for_devices(&server, CAPACITY as usize).await;
 
     let grants: Arc<Mutex<Vec<Grant>>> = Arc::default();
     let counts: Arc<Mutex<BTreeMap<&'static str, usize>>> = Arc::default();
@@ -140,14 +117,7 @@ async fn device_plugin_and_dra_consumers_never_share_a_slot() {
             let mut seed = 0x2545_f491_4f6c_dd1du64;
             for i in 0..ROUNDS {
                 let name = format!("claim-{i}");
-                let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
-                    "metadata": {"name": name},
-                    "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
-                        "deviceClassName": "cams.default.steward.dev"
-                    }}]}}
-                }))
-                .unwrap();
-                claims.create(&PostParams::default(), &claim).await.unwrap();
+                create_claim(&server_client, &name, "cams.default.steward.dev").await;
                 let pod_name = format!("dra-{i}");
                 let spec = PodSpec::new(NS, &pod_name)
                     .resource_claim("cam", &name)

@@ -474,9 +474,11 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
         let mut st = self.lock().await;
-        self.claim_durably(&mut st, || format!("{ids:?}"), |ledger| {
-            ledger.allocate(&ids, now())
-        })
+        self.claim_durably(
+            &mut st,
+            || format!("{ids:?}"),
+            |ledger| ledger.allocate(&ids, now()),
+        )
         .await?;
         let response = self.response(&st, req);
         drop(st);

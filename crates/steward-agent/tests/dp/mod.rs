@@ -349,3 +349,69 @@ impl Single {
         format!("{}-{n}", self.instance)
     }
 }
+
+// ----- DRA ------------------------------------------------------------------
+
+/// An agent configuration with the DRA driver on (ResourceSlices and the
+/// kubelet plugin), as `steward agent --dra`.
+pub fn dra_agent_config(
+    node: &Node,
+    dir: &Path,
+    client: kube::Client,
+    handlers: Vec<Arc<dyn DiscoveryHandler>>,
+) -> AgentConfig {
+    let mut cfg = node.agent_config(dir, client, handlers);
+    cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&node.root));
+    cfg.dra_slices = true;
+    cfg
+}
+
+/// The DeviceClass of Configuration `config` in [`NS`] as steward's
+/// controller writes it; returns its name.
+pub async fn create_device_class(server: &ApiServer, config: &str) -> String {
+    let name = format!("{config}.{NS}.steward.dev");
+    let class: k8s_openapi::api::resource::v1::DeviceClass =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {
+                "expression": steward_core::dra::configuration_selector(NS, config)
+            }}]}
+        }))
+        .unwrap();
+    Api::all(server.client())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    name
+}
+
+/// A ResourceClaim `name` in [`NS`] asking for one device of `class`.
+pub async fn create_claim(client: &kube::Client, name: &str, class: &str) {
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
+                "deviceClassName": class
+            }}]}}
+        }))
+        .unwrap();
+    Api::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+/// Waits until the ResourceSlices publish `devices` devices.
+pub async fn wait_for_devices(server: &ApiServer, devices: usize) {
+    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
+    eventually(&format!("{devices} published devices"), WAIT, || async {
+        let items = slices.list(&ListParams::default()).await.ok()?.items;
+        (items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .count()
+            == devices)
+            .then_some(())
+    })
+    .await;
+}
