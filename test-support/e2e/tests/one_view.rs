@@ -26,22 +26,12 @@ use steward_testing_kubelet::{ContainerSpec as KubeletContainer, Kubelet, Kubele
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+async fn eventually<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    steward_e2e::eventually(what, WAIT, f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
