@@ -79,7 +79,7 @@ pub struct AgentArgs {
     /// (<kubelet-dir>/plugins_registry/steward.dev-reg.sock,
     /// <kubelet-dir>/plugins/steward.dev/dra.sock) on the device plugins'
     /// slot ledger. Needs CDI (--cdi-dir) and the device plugins.
-    #[arg(long, alias = "dra-resource-slices", conflicts_with_all = ["standalone", "no_device_plugins"])]
+    #[arg(long, conflicts_with_all = ["standalone", "no_device_plugins"])]
     dra: bool,
 }
 
@@ -223,6 +223,14 @@ mod tests {
         assert!(off.agent.cdi_dir.as_os_str().is_empty());
         let default = Cli::try_parse_from(["agent", "--node-name", "n"])?;
         assert_eq!(default.agent.cdi_dir, PathBuf::from("/var/run/cdi"));
+        Ok(())
+    }
+
+    #[test]
+    fn dra_has_one_name() -> Result<(), clap::Error> {
+        assert!(Cli::try_parse_from(["agent", "--node-name", "n", "--dra"])?.agent.dra);
+        let other = Cli::try_parse_from(["agent", "--node-name", "n", "--dra-resource-slices"]);
+        assert!(other.is_err(), "a second name for --dra was accepted");
         Ok(())
     }
 }
