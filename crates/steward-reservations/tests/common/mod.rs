@@ -1,0 +1,99 @@
+//! The stand the extender tests run against: the API server stand-in with
+//! steward's CRDs, four Nodes, one shared camera Instance, the controller
+//! and the extender's HTTP endpoint.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use steward_api::{Instance, InstanceSpec};
+use steward_reservations::extender::{Extender, ExtenderConfig, server};
+use steward_reservations::{ControllerConfig, run};
+use steward_testing_apiserver::ApiServer;
+use tokio_util::sync::CancellationToken;
+
+pub const NS: &str = "default";
+
+/// The running stand; dropping it stops the controller and the extender.
+pub struct Stand {
+    pub api: ApiServer,
+    /// The extender's address.
+    pub addr: SocketAddr,
+    pub stop: CancellationToken,
+}
+
+impl Drop for Stand {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Nodes n1..n4 (each with its `annotations`, in place before the
+/// controller starts), the Instance `cam` shared by n1..n3 with `capacity`
+/// slots (n4 does not see it), the controller if `controller`, and the
+/// extender configured with `ext_cfg`.
+pub async fn stand_opts(
+    capacity: u32,
+    annotations: &[(&str, &str, String)],
+    controller: bool,
+    ext_cfg: ExtenderConfig,
+) -> Stand {
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "steward-system"}})).unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    for n in ["n1", "n2", "n3", "n4"] {
+        let mine: serde_json::Map<String, Value> = annotations
+            .iter()
+            .filter(|(node, _, _)| *node == n)
+            .map(|(_, k, v)| (k.to_string(), Value::String(v.clone())))
+            .collect();
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": n, "annotations": mine}})).unwrap();
+        Api::<Node>::all(api.client())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+    let spec = InstanceSpec {
+        configuration_name: "cams".into(),
+        device_id: "cam".into(),
+        shared: true,
+        nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+        capacity,
+        properties: BTreeMap::new(),
+        mounts: Vec::new(),
+        device_specs: Vec::new(),
+        cdi_name: String::new(),
+    };
+    Api::<Instance>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &Instance::new("cam", spec))
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let mut cfg = ControllerConfig::new("steward-system", "c1");
+    cfg.resync = Duration::from_millis(100);
+    cfg.lease.retry_period = Duration::from_millis(100);
+    if controller {
+        tokio::spawn(run(api.client(), cfg, stop.clone()));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ext = Arc::new(Extender::new(api.client(), ext_cfg));
+    tokio::spawn(server::serve(listener, ext, stop.clone()));
+    Stand { api, addr, stop }
+}
