@@ -26,10 +26,18 @@
 //!
 //! * `Registered` for a new key: `Waiting`, and `Connect` for every
 //!   Configuration asking for the handler's name.
-//! * `Registered` for a known key (the handler restarted): `Disconnect` for
-//!   every connection and attempt of the old incarnation, then the handler
-//!   starts over as `Waiting` with `Connect` for every Configuration asking
-//!   for its name. The `shared` flag is taken from the new registration.
+//! * `Registered` for a known key with the same `shared` flag changes no
+//!   connection: Akri's handlers register again whenever a stream they serve
+//!   closes (a Configuration edited or deleted, an agent restart), so
+//!   closing and reopening streams here would make them register again, for
+//!   ever. Only lost pairs get a `Connect` at once (the handler just proved
+//!   it is up); connected and pending pairs are left alone. A registration
+//!   is proof of life: an `Offline` handler becomes `Active` or `Waiting`
+//!   according to its connections, and its removal clock stops.
+//! * `Registered` for a known key with a different `shared` flag (a changed
+//!   registration): `Disconnect` for every connection and attempt, then the
+//!   handler starts over as `Waiting` with `Connect` for every Configuration
+//!   asking for its name.
 //! * `ConfigurationApplied`: `Disconnect` for every handler connected (or
 //!   being connected) for the Configuration, whatever name it asked for
 //!   before, then `Connect` for every handler with the requested name. The
@@ -364,6 +372,25 @@ impl Registry {
     }
 
     fn on_registered(&mut self, key: HandlerKey, shared: bool, at: Millis, fx: &mut Vec<Effect>) {
+        if let Some(slot) = self.slots.get_mut(&key)
+            && slot.info.shared == shared
+        {
+            // Lost pairs, and (defensively) wanted pairs held nowhere.
+            for (config, name) in &self.wants {
+                if *name == key.name
+                    && !slot.info.configurations.contains(config)
+                    && !slot.pending.contains(config)
+                {
+                    slot.connect(config, at, fx);
+                }
+            }
+            slot.info.state = if slot.info.configurations.is_empty() {
+                HandlerState::Waiting
+            } else {
+                HandlerState::Active
+            };
+            return;
+        }
         if let Some(old) = self.slots.remove(&key) {
             for config in old.info.configurations.iter().chain(old.pending.iter()) {
                 fx.push(Effect::Disconnect {

@@ -337,7 +337,55 @@ fn two_handlers_with_one_name_are_both_used() {
 }
 
 #[test]
-fn re_registration_resets_to_waiting_and_connects_again() {
+fn re_registration_of_a_connected_handler_changes_nothing() {
+    let (mut r, key, c1) = active_udev();
+    let c2 = cfg("c2");
+    let c3 = cfg("c3");
+    apply_config(&mut r, &c2, "udev", 1);
+    connected(&mut r, &key, &c2, 2);
+    apply_config(&mut r, &c3, "udev", 3); // pending
+    let before = r.get(&key).cloned();
+    assert_eq!(register(&mut r, &key, 10), vec![]);
+    assert_eq!(r.get(&key).cloned(), before);
+    assert_eq!(state(&r, &key), Some(HandlerState::Active));
+    // The pending attempt is still the one in flight.
+    connected(&mut r, &key, &c3, 11);
+    assert_eq!(r.connected_for(&c1).count(), 1);
+    assert_eq!(r.get(&key).map(|h| h.configurations.len()), Some(3));
+}
+
+#[test]
+fn re_registration_connects_only_lost_pairs_at_once() {
+    let (mut r, key, c1) = active_udev();
+    let c2 = cfg("c2");
+    apply_config(&mut r, &c2, "udev", 1);
+    connected(&mut r, &key, &c2, 2);
+    lost(&mut r, &key, &c2, 3);
+    assert_eq!(
+        state(&r, &key),
+        Some(HandlerState::Offline { since: Millis(3) })
+    );
+    // Well within the retry interval: the registration itself retries.
+    assert_eq!(register(&mut r, &key, 4), vec![connect(&key, &c2)]);
+    assert_eq!(state(&r, &key), Some(HandlerState::Active));
+    assert_eq!(tick(&mut r, 4 + 5_000), vec![], "nothing left to retry");
+    connected(&mut r, &key, &c2, 5);
+    assert_eq!(r.connected_for(&c1).count(), 1);
+    assert_eq!(r.connected_for(&c2).count(), 1);
+}
+
+#[test]
+fn waiting_handler_registering_again_stays_waiting() {
+    let mut r = registry();
+    let key = uds("udev", "a");
+    register(&mut r, &key, 0);
+    apply_config(&mut r, &cfg("c1"), "onvif", 0);
+    assert_eq!(register(&mut r, &key, 1), vec![]);
+    assert_eq!(state(&r, &key), Some(HandlerState::Waiting));
+}
+
+#[test]
+fn changed_registration_resets_to_waiting_and_connects_again() {
     let (mut r, key, c1) = active_udev();
     let fx = r.apply(RegistryEvent::Registered {
         key: key.clone(),
@@ -809,6 +857,169 @@ proptest! {
                         h.configurations.contains(c) || agent.in_flight.contains(&pair),
                         "{} / {} neither connected nor attempted", h.key, c
                     );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Akri's handlers register again whenever a stream they serve closes. Fed
+// back into the registry, that must come to rest: no registration may lead
+// to another closed stream of a wanted pair.
+
+/// An agent that opens every stream asked for at once, with handlers that
+/// register again (same flag) once per closed open stream, run until
+/// nothing moves. Returns the registrations it made, or `None` when it does
+/// not come to rest within `limit` events (a registration storm).
+fn run_akri_loop(r: &mut Registry, first: RegistryEvent, limit: usize) -> Option<usize> {
+    let mut queue = std::collections::VecDeque::from([first]);
+    let mut open: BTreeSet<(HandlerKey, ConfigKey)> = r
+        .handlers()
+        .flat_map(|h| h.configurations.iter().map(|c| (h.key.clone(), c.clone())))
+        .collect();
+    let mut registrations = 0;
+    let mut events = 0;
+    while let Some(ev) = queue.pop_front() {
+        events += 1;
+        if events > limit {
+            return None;
+        }
+        let now = ev.at();
+        for e in r.apply(ev) {
+            match e {
+                Effect::Connect { key, config } => {
+                    // The handler answers with its headers at once.
+                    queue.push_back(RegistryEvent::Connected {
+                        key,
+                        config,
+                        at: now,
+                    });
+                }
+                Effect::Disconnect { key, config } => {
+                    if open.remove(&(key.clone(), config)) {
+                        let shared = r.get(&key).is_some_and(|h| h.shared);
+                        registrations += 1;
+                        queue.push_back(RegistryEvent::Registered {
+                            key,
+                            shared,
+                            at: now,
+                        });
+                    }
+                }
+                Effect::Removed { .. } => {}
+            }
+        }
+        open = r
+            .handlers()
+            .flat_map(|h| h.configurations.iter().map(|c| (h.key.clone(), c.clone())))
+            .chain(open.into_iter().filter(|(k, _)| r.get(k).is_none()))
+            .collect();
+    }
+    Some(registrations)
+}
+
+#[test]
+fn akri_handler_re_registering_after_an_edit_comes_to_rest() {
+    // Three Configurations on one handler, one edited (issue: 4, 9, 25, 46
+    // ... registrations per 10 s, for ever).
+    let mut r = registry();
+    let key = uds("udev", "a");
+    register(&mut r, &key, 0);
+    let configs: Vec<ConfigKey> = (0..3).map(|i| cfg(&format!("c{i}"))).collect();
+    for c in &configs {
+        apply_config(&mut r, c, "udev", 0);
+        connected(&mut r, &key, c, 0);
+    }
+    let edit = RegistryEvent::ConfigurationApplied {
+        config: configs[1].clone(),
+        handler_name: "udev".into(),
+        at: Millis(10),
+    };
+    assert_eq!(run_akri_loop(&mut r, edit, 1_000), Some(1));
+    assert_eq!(r.get(&key).map(|h| h.configurations.len()), Some(3));
+    // The one registration it made changed nothing more.
+    assert_eq!(register(&mut r, &key, 20), vec![]);
+}
+
+#[derive(Debug, Clone)]
+enum AkriStep {
+    Apply {
+        c: usize,
+        name: usize,
+    },
+    Delete {
+        c: usize,
+    },
+    /// Every stream of one handler breaks (an agent or handler restart).
+    Break {
+        h: usize,
+    },
+}
+
+fn akri_step() -> impl Strategy<Value = AkriStep> {
+    prop_oneof![
+        3 => (0..4usize, 0..2usize).prop_map(|(c, name)| AkriStep::Apply { c, name }),
+        1 => (0..4usize).prop_map(|c| AkriStep::Delete { c }),
+        1 => (0..3usize).prop_map(|h| AkriStep::Break { h }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever Configurations do, handlers that register again on every
+    /// closed stream come to rest, with one registration at most per
+    /// stream closed, and every wanted pair connected.
+    #[test]
+    fn akri_re_registration_never_storms(
+        steps in prop::collection::vec(akri_step(), 1..40)
+    ) {
+        let handlers = [uds("udev", "a"), uds("udev", "b"), uds("onvif", "c")];
+        let names = ["udev", "onvif"];
+        let mut r = registry();
+        for (i, h) in handlers.iter().enumerate() {
+            run_akri_loop(&mut r, RegistryEvent::Registered {
+                key: h.clone(),
+                shared: i == 2,
+                at: Millis(0),
+            }, 1_000);
+        }
+        for (t, step) in steps.iter().enumerate() {
+            let at = Millis(t as u64 + 1);
+            let open_before: usize = r.handlers().map(|h| h.configurations.len()).sum();
+            let first = match step {
+                AkriStep::Apply { c, name } => RegistryEvent::ConfigurationApplied {
+                    config: cfg(&format!("c{c}")),
+                    handler_name: names[*name].to_owned(),
+                    at,
+                },
+                AkriStep::Delete { c } => RegistryEvent::ConfigurationDeleted {
+                    config: cfg(&format!("c{c}")),
+                    at,
+                },
+                AkriStep::Break { h } => {
+                    let key = handlers[*h].clone();
+                    let pairs: Vec<ConfigKey> = r
+                        .get(&key)
+                        .map(|i| i.configurations.iter().cloned().collect())
+                        .unwrap_or_default();
+                    for c in pairs {
+                        r.apply(RegistryEvent::ConnectionLost { key: key.clone(), config: c, at });
+                    }
+                    // Each broken stream makes the handler register once.
+                    RegistryEvent::Registered { key, shared: *h == 2, at }
+                }
+            };
+            let made = run_akri_loop(&mut r, first, 1_000);
+            prop_assert!(made.is_some(), "registration storm after {:?}", step);
+            prop_assert!(made.unwrap_or(0) <= open_before, "{:?}: {:?} registrations for {} streams", step, made, open_before);
+            r.check_invariants().map_err(TestCaseError::fail)?;
+            for h in r.handlers() {
+                for (c, n) in r.configurations() {
+                    if n == h.key.name {
+                        prop_assert!(h.configurations.contains(c), "{} / {} not connected after {:?}", h.key, c, step);
+                    }
                 }
             }
         }
