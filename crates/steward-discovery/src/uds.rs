@@ -96,5 +96,5 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 pub(crate) fn bind(path: &Path, mode: u32) -> Result<(UnixIncoming, SocketGuard), DiscoveryError> {
     let (listener, guard) = steward_nodeio::bind(path, BindOptions::mode(mode))
         .map_err(|e| DiscoveryError::Io(e.into()))?;
-    Ok((UnixIncoming::new(listener), guard))
+    Ok((UnixIncoming::with_authority_fix(listener), guard))
 }

@@ -4,7 +4,7 @@
 //! is there). Strings are sent raw (no Huffman): the peer must accept both.
 
 /// RFC 7541 Appendix A; entry `i` has index `i + 1`.
-pub(crate) const STATIC_TABLE: [(&[u8], &[u8]); 61] = [
+pub const STATIC_TABLE: [(&[u8], &[u8]); 61] = [
     (b":authority", b""),
     (b":method", b"GET"),
     (b":method", b"POST"),
@@ -93,7 +93,7 @@ fn string(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 /// Appends one header field, leaving the decoder's dynamic table as it is.
-pub(crate) fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     let mut name_index = None;
     for (i, (n, v)) in STATIC_TABLE.iter().enumerate() {
         if *n == name {

@@ -7,10 +7,15 @@
 //! PROTOCOL_ERROR, and h2 has no option to accept it. [`AuthorityFix`] wraps a
 //! server-side connection and rewrites, in the client→server direction only,
 //! an `:authority` that is not a URI authority to `localhost`; everything
-//! else reaches the server byte for byte (see the `rewriter` module for how).
+//! else reaches the server byte for byte (see [`Rewriter`] for how).
+//!
+//! The pieces are public so that the fuzz target and the benchmark can drive
+//! them: [`Rewriter`] (the byte stream), [`hpack::Decoder`] (the decoder that
+//! mirrors the client's dynamic table) and [`encode::field`] (what a
+//! re-encoded block is made of).
 
-mod encode;
-mod hpack;
+pub mod encode;
+pub mod hpack;
 mod rewriter;
 #[cfg(test)]
 mod tests;
@@ -24,8 +29,7 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-pub use rewriter::REPLACEMENT_AUTHORITY;
-use rewriter::Rewriter;
+pub use rewriter::{MAX_FRAME, PREFACE, REPLACEMENT_AUTHORITY, Rewriter};
 
 /// How many bytes are read from the client at a time.
 const READ_CHUNK: usize = 16 * 1024;
@@ -43,6 +47,16 @@ pub struct AuthorityFix<S> {
     eof: bool,
     replaced: Option<Arc<AtomicU64>>,
     replaced_seen: u64,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for AuthorityFix<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthorityFix")
+            .field("inner", &self.inner)
+            .field("replaced", &self.rewriter.replaced())
+            .field("bypassed", &self.rewriter.bypassed())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> AuthorityFix<S> {

@@ -18,16 +18,16 @@
 
 use std::ops::Range;
 
-use super::encode;
-use super::hpack::Decoder;
+use crate::encode;
+use crate::hpack::Decoder;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
-pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The authority put in place of one that does not parse.
 pub const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 /// Largest frame payload written (the initial SETTINGS_MAX_FRAME_SIZE,
 /// which a server can only raise).
-pub(crate) const MAX_FRAME: usize = 16_384;
+pub const MAX_FRAME: usize = 16_384;
 /// Largest header block collected (h2's default header list limit is 16 MiB).
 const MAX_BLOCK: usize = 16 << 20;
 
@@ -63,7 +63,7 @@ struct Block {
 }
 
 /// Rewrites one connection's client→server bytes.
-pub(crate) struct Rewriter {
+pub struct Rewriter {
     state: State,
     head: [u8; 9],
     head_len: usize,
@@ -107,18 +107,17 @@ impl Default for Rewriter {
 
 impl Rewriter {
     /// Header blocks whose authority was replaced so far.
-    pub(crate) fn replaced(&self) -> u64 {
+    pub fn replaced(&self) -> u64 {
         self.replaced
     }
 
     /// Whether the connection fell back to plain pass-through.
-    #[cfg(test)]
-    pub(crate) fn bypassed(&self) -> bool {
+    pub fn bypassed(&self) -> bool {
         self.state == State::Bypass
     }
 
     /// Consumes `input`, appending what the server must read to `out`.
-    pub(crate) fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
         while !input.is_empty() {
             match self.state {
                 State::Bypass => {
@@ -177,7 +176,7 @@ impl Rewriter {
 
     /// At end of input: whatever is held back, as received (the server then
     /// sees the same truncated stream the client sent).
-    pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.raw);
         out.extend_from_slice(&self.head[..self.head_len]);
         self.raw.clear();

@@ -8,22 +8,24 @@
 //! * [`durable`] — write a file so that a crash leaves the old or the new
 //!   content, never a torn one.
 //! * [`backoff`] — the exponential backoff steward's retry loops use.
-//! * [`h2_authority`] and [`incoming`] — a unix listener for tonic and hyper
-//!   servers that lets gRPC C-core clients in (their default `:authority` for a
-//!   unix socket is not a URI authority, which h2 refuses).
+//! * [`incoming`] — a unix listener for tonic and hyper servers that, when
+//!   the server asks for it, lets gRPC C-core clients in (their default
+//!   `:authority` for a unix socket is not a URI authority, which h2 refuses;
+//!   the fix itself is the `steward-h2-authority` crate, re-exported as
+//!   [`h2_authority`]).
 
 pub mod backoff;
 pub mod durable;
 mod error;
-pub mod h2_authority;
 pub mod identity;
 pub mod incoming;
 pub mod readiness;
 pub mod socket;
 
 pub use error::NodeIoError;
-pub use h2_authority::AuthorityFix;
 pub use identity::FileIdentity;
-pub use incoming::UnixIncoming;
+pub use incoming::{AuthorityMode, UnixConnection, UnixIncoming};
 pub use readiness::Readiness;
 pub use socket::{BindOptions, SocketGuard, bind};
+pub use steward_h2_authority as h2_authority;
+pub use steward_h2_authority::AuthorityFix;

@@ -98,7 +98,7 @@ async fn grpcio_is_reset_by_plain_h2_and_served_through_unix_incoming() {
     // The fix.
     let fixed = dir.path().join("fixed.sock");
     let (listener, _g2) = steward_nodeio::bind(&fixed, BindOptions::mode(0o600)).unwrap();
-    let incoming = UnixIncoming::new(listener);
+    let incoming = UnixIncoming::with_authority_fix(listener);
     let replaced = incoming.replaced_counter();
     let server = tokio::spawn(
         tonic::transport::Server::builder()

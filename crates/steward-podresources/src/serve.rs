@@ -48,7 +48,7 @@ pub async fn serve(
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(UnixIncoming::new(listener), async move {
+        .serve_with_incoming_shutdown(UnixIncoming::with_authority_fix(listener), async move {
             cancel.cancelled().await;
             hub.close_watchers();
         })

@@ -265,7 +265,7 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
-                .serve_with_incoming_shutdown(UnixIncoming::new(listener), shutdown)
+                .serve_with_incoming_shutdown(UnixIncoming::with_authority_fix(listener), shutdown)
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "device plugin server failed");

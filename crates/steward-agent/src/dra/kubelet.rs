@@ -310,7 +310,7 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
                 .add_service(DraResourceHealthServer::new(health))
-                .serve_with_incoming(UnixIncoming::new(plugin_listener))
+                .serve_with_incoming(UnixIncoming::with_authority_fix(plugin_listener))
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "DRA plugin server failed");
@@ -329,7 +329,7 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
         let registration = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(RegistrationServer::new(registrar))
-                .serve_with_incoming(UnixIncoming::new(reg_listener))
+                .serve_with_incoming(UnixIncoming::with_authority_fix(reg_listener))
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "DRA registration server failed");
