@@ -1,0 +1,397 @@
+//! kubelet's own CRI client in front of the real runtime: the Go peer
+//! `cri-client` (k8s.io/cri-client's RemoteRuntimeService and
+//! RemoteImageService, as kubelet dials its runtime) drives the real
+//! `steward cri-proxy` process, which relays to containerd, through one
+//! exclusive-CPU pod's life — image status, sandbox, create/start, status
+//! and lists, ExecSync, UpdateContainerResources, the streaming URLs
+//! (Exec, Attach, PortForward), stats, stop and removal.
+//!
+//! From outside, the test checks that every call succeeded, that the
+//! exclusive container ran on one CPU which is the one in its cgroup and the
+//! one the proxy publishes on its pod resources socket, that a shared
+//! container's pool shrank by that CPU while it ran and grew back after, and
+//! that nothing of the peer's pod is left in containerd.
+//!
+//! Needs a containerd (`STEWARD_CONTAINERD_SOCK`, set by the test command)
+//! and the built peer (`STEWARD_GO_PEERS`); outside CI either missing is a
+//! loud skip, under CI a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Proc, eventually};
+use serde_json::Value;
+use steward_core::cpu::CpuSet;
+use steward_proto::cri::runtime::v1 as cri;
+use steward_proto::podresources::v1 as wire;
+use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+use steward_testing_containerd::{
+    BUSYBOX_IMAGE, ContainerSpec, Containerd, OWNER_LABEL, POD_NAMESPACE, PodNetwork, SOCK_ENV,
+    cleanup_pod, cri_client, host_cgroup_dir, own_pods, unique_name,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// Longest any one step (a CRI call, a line from the peer, a condition)
+/// may take: generous, the machines are shared.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The calls the peer makes, in order, each answered with one JSON line.
+const CALLS: &[&str] = &[
+    "Version",
+    "ImageStatus",
+    "RunPodSandbox",
+    "PodSandboxStatus",
+    "ListPodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "ContainerStatus",
+    "ListContainers",
+    "ExecSync",
+    "Hold",
+    "UpdateContainerResources",
+    "Exec",
+    "Attach",
+    "PortForward",
+    "ContainerStats",
+    "ListContainerStats",
+    "StopContainer",
+    "RemoveContainer",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "Done",
+];
+
+/// kubelet's pod uid label.
+const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
+
+/// The shared containerd, or `None` (loudly) outside CI when none is
+/// configured.
+fn containerd() -> Option<Arc<Containerd>> {
+    let configured = std::env::var_os(SOCK_ENV).is_some_and(|s| !s.is_empty());
+    if !configured && !in_ci() {
+        eprintln!(
+            "SKIPPED: no containerd configured; start one with `scripts/containerd.sh start DIR` and export {SOCK_ENV}"
+        );
+        return None;
+    }
+    match Containerd::shared() {
+        Ok(c) => Some(c),
+        Err(e) => panic!("cannot reach containerd for the CRI client test: {e}"),
+    }
+}
+
+fn cpuset_of(parent: &str, container_id: &str) -> Option<CpuSet> {
+    let file = host_cgroup_dir("cpuset", parent, container_id).join("cpuset.cpus");
+    let text = std::fs::read_to_string(file).ok()?;
+    CpuSet::parse(text.trim()).ok()
+}
+
+fn cpuset(text: &str) -> CpuSet {
+    CpuSet::parse(text).unwrap_or_else(|e| panic!("{text:?} is not a CPU list: {e}"))
+}
+
+/// CPUs the proxy publishes for `namespace/name`'s container `container`.
+async fn published(
+    socket: &Path,
+    name: &str,
+    container: &str,
+) -> anyhow::Result<Option<CpuSet>> {
+    let channel = steward_proto::uds::endpoint()
+        .connect_with_connector(steward_proto::uds::UnixConnector::new(socket))
+        .await?;
+    let pods = PodResourcesListerClient::new(channel)
+        .list(wire::ListPodResourcesRequest {})
+        .await?
+        .into_inner()
+        .pod_resources;
+    Ok(pods
+        .iter()
+        .filter(|p| p.namespace == POD_NAMESPACE && p.name == name)
+        .flat_map(|p| &p.containers)
+        .find(|c| c.name == container)
+        .map(|c| {
+            c.cpu_ids
+                .iter()
+                .filter_map(|id| u32::try_from(*id).ok())
+                .collect()
+        }))
+}
+
+/// The next JSON line of the peer (panics at EOF or after [`WAIT`]).
+async fn next_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: &[Value],
+) -> Option<Value> {
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("the peer said nothing for {WAIT:?} after {seen:?}"))
+        .expect("reading the peer's stdout")?;
+    let value: Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line {line:?}: {e}"));
+    assert_eq!(
+        value["ok"],
+        Value::Bool(true),
+        "kubelet's CRI client failed through the proxy: {value} (after {seen:?})"
+    );
+    Some(value)
+}
+
+fn field<'a>(line: &'a Value, key: &str) -> &'a str {
+    line[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
+    let Some(peer) = steward_testing_gopeers::binary("cri-client") else {
+        return;
+    };
+    // Dropped last: sweeps every pod labelled with this process, the
+    // peer's included, also when the test panics.
+    let Some(ctd) = containerd() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "policy: { active: static }\n",
+    )
+    .unwrap();
+    let cri_sock = dir.path().join("cri.sock");
+    let pr_sock = dir.path().join("pr.sock");
+    let args: Vec<OsString> = vec![
+        "cri-proxy".into(),
+        "--listen".into(),
+        cri_sock.clone().into(),
+        "--runtime".into(),
+        ctd.sock().into(),
+        "--state-dir".into(),
+        dir.path().join("state").into(),
+        "--config".into(),
+        dir.path().join("config.yaml").into(),
+        "--pod-resources-socket".into(),
+        pr_sock.clone().into(),
+        "--verify-interval".into(),
+        "0s".into(),
+    ];
+    // Killed by pid when dropped (before the sweep above).
+    let _proxy = Proc::spawn("cri-proxy", &args, &[], dir.path().join("cri-proxy.log")).unwrap();
+    eventually("the proxy's sockets", WAIT, || async {
+        (cri_sock.exists() && pr_sock.exists()).then_some(())
+    })
+    .await
+    .unwrap();
+    let (mut rt, _) = cri_client(&cri_sock).await.unwrap();
+    let (mut direct, _) = ctd.client().await.unwrap();
+
+    // A shared (Burstable, half a CPU) container, through the proxy.
+    let shared_sb = ctd.pod_config("gocri-shared", PodNetwork::Host);
+    let shared_name = shared_sb.metadata.clone().unwrap().name;
+    let shared_parent = shared_sb.linux.clone().unwrap().cgroup_parent;
+    let mut shared_cfg = ContainerSpec::new("shared")
+        .memory_limit(64 << 20)
+        .build(&shared_sb);
+    if let Some(res) = shared_cfg
+        .linux
+        .as_mut()
+        .and_then(|l| l.resources.as_mut())
+    {
+        res.cpu_shares = 512;
+    }
+    let shared_sid = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(shared_sb.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox (shared)")
+        .into_inner()
+        .pod_sandbox_id;
+    let shared_cid = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: shared_sid.clone(),
+            config: Some(shared_cfg),
+            sandbox_config: Some(shared_sb.clone()),
+        })
+        .await
+        .expect("CreateContainer (shared)")
+        .into_inner()
+        .container_id;
+    rt.start_container(cri::StartContainerRequest {
+        container_id: shared_cid.clone(),
+    })
+    .await
+    .expect("StartContainer (shared)");
+    let pool = cpuset_of(&shared_parent, &shared_cid).expect("the shared container's cpuset");
+    assert!(
+        pool.len() >= 2,
+        "the shared pool {pool} must have room for one exclusive CPU"
+    );
+    eventually("the shared pool published", WAIT, || async {
+        (published(&pr_sock, &shared_name, "shared")
+            .await
+            .ok()
+            .flatten()
+            .as_ref()
+            == Some(&pool))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // kubelet's CRI client, through the proxy.
+    let name = unique_name("gocri");
+    let uid = format!("uid-{name}");
+    let mut child = tokio::process::Command::new(&peer)
+        .arg("-endpoint")
+        .arg(format!("unix://{}", cri_sock.display()))
+        .args(["-image", BUSYBOX_IMAGE])
+        .args(["-cgroup-root", ctd.cgroup_parent()])
+        .args(["-namespace", POD_NAMESPACE])
+        .args(["-name", &name, "-uid", &uid, "-container", "main"])
+        .args(["-cpus", "1", "-hold"])
+        .arg("-labels")
+        .arg(format!("{OWNER_LABEL}={}", std::process::id()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", peer.display()));
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen: Vec<Value> = Vec::new();
+    let mut exclusive: Option<CpuSet> = None;
+    let mut parent = String::new();
+    while let Some(line) = next_line(&mut lines, &seen).await {
+        match field(&line, "call") {
+            "RunPodSandbox" => parent = field(&line, "cgroup_parent").to_owned(),
+            "ExecSync" => {
+                let cpus = cpuset(field(&line, "cpus_allowed_list"));
+                assert_eq!(cpus.len(), 1, "one exclusive CPU seen inside: {line}");
+                assert!(pool.contains(cpus.iter().next().unwrap()), "{cpus} in {pool}");
+                exclusive = Some(cpus);
+            }
+            "Hold" => {
+                let cid = field(&line, "container_id");
+                let excl = exclusive.clone().expect("ExecSync before Hold");
+                // The cgroup holds what the container saw, and what the
+                // proxy publishes for it.
+                assert_eq!(cpuset_of(&parent, cid).as_ref(), Some(&excl), "{parent}/{cid}");
+                eventually("the exclusive CPU published", WAIT, || async {
+                    (published(&pr_sock, &name, "main").await.ok().flatten().as_ref()
+                        == Some(&excl))
+                    .then_some(())
+                })
+                .await
+                .unwrap();
+                // The shared container lost that CPU while it runs.
+                let shrunk = pool.difference(&excl);
+                eventually("the shared pool shrank", WAIT, || async {
+                    (cpuset_of(&shared_parent, &shared_cid).as_ref() == Some(&shrunk)
+                        && published(&pr_sock, &shared_name, "shared")
+                            .await
+                            .ok()
+                            .flatten()
+                            .as_ref()
+                            == Some(&shrunk))
+                    .then_some(())
+                })
+                .await
+                .unwrap();
+                stdin.write_all(b"go on\n").await.unwrap();
+                stdin.flush().await.unwrap();
+            }
+            "UpdateContainerResources" => assert_eq!(
+                Some(cpuset(field(&line, "cpus_allowed_list"))),
+                exclusive,
+                "kubelet's update kept the exclusive CPU: {line}"
+            ),
+            "Exec" | "Attach" | "PortForward" => {
+                let url = field(&line, "url");
+                assert!(url.starts_with("http://"), "a streaming URL: {line}");
+            }
+            _ => {}
+        }
+        seen.push(line);
+    }
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the peer exits")
+        .unwrap();
+    assert!(status.success(), "the peer exited {status} after {seen:?}");
+    let calls: Vec<&str> = seen.iter().map(|l| field(l, "call")).collect();
+    assert_eq!(calls, CALLS, "{seen:?}");
+    eprintln!(
+        "kubelet's CRI client through the proxy: {} calls, exclusive CPU {}, streaming URLs {:?}",
+        calls.len(),
+        exclusive.as_ref().map(ToString::to_string).unwrap_or_default(),
+        seen.iter()
+            .filter_map(|l| l["url"].as_str())
+            .collect::<Vec<_>>()
+    );
+
+    // Removed: the pool grows back and the pod is no longer published.
+    eventually("the shared pool grew back", WAIT, || async {
+        (cpuset_of(&shared_parent, &shared_cid).as_ref() == Some(&pool)
+            && published(&pr_sock, &shared_name, "shared")
+                .await
+                .ok()
+                .flatten()
+                .as_ref()
+                == Some(&pool)
+            && published(&pr_sock, &name, "main").await.ok() == Some(None))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Nothing of the peer's pod is left in the runtime.
+    let by_uid = HashMap::from([(POD_UID_LABEL.to_owned(), uid.clone())]);
+    let sandboxes = direct
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: by_uid.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(sandboxes.is_empty(), "left in containerd: {sandboxes:?}");
+    let containers = direct
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                label_selector: by_uid,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert!(containers.is_empty(), "left in containerd: {containers:?}");
+
+    cleanup_pod(&mut rt, &shared_sid).await.unwrap();
+    let left = own_pods(&mut direct, &std::process::id().to_string())
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "pods of this test left: {left:?}");
+    // The pod cgroup kubelet would remove (containerd leaves it).
+    for controller in ["cpuset", "cpu", "cpuacct", "memory", "pids", "blkio"] {
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}{parent}"));
+    }
+}
