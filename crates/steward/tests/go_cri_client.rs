@@ -102,11 +102,7 @@ fn cpuset(text: &str) -> CpuSet {
 }
 
 /// CPUs the proxy publishes for `namespace/name`'s container `container`.
-async fn published(
-    socket: &Path,
-    name: &str,
-    container: &str,
-) -> anyhow::Result<Option<CpuSet>> {
+async fn published(socket: &Path, name: &str, container: &str) -> anyhow::Result<Option<CpuSet>> {
     let channel = steward_proto::uds::endpoint()
         .connect_with_connector(steward_proto::uds::UnixConnector::new(socket))
         .await?;
@@ -203,11 +199,7 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
     let mut shared_cfg = ContainerSpec::new("shared")
         .memory_limit(64 << 20)
         .build(&shared_sb);
-    if let Some(res) = shared_cfg
-        .linux
-        .as_mut()
-        .and_then(|l| l.resources.as_mut())
-    {
+    if let Some(res) = shared_cfg.linux.as_mut().and_then(|l| l.resources.as_mut()) {
         res.cpu_shares = 512;
     }
     let shared_sid = rt
@@ -281,7 +273,10 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
             "ExecSync" => {
                 let cpus = cpuset(field(&line, "cpus_allowed_list"));
                 assert_eq!(cpus.len(), 1, "one exclusive CPU seen inside: {line}");
-                assert!(pool.contains(cpus.iter().next().unwrap()), "{cpus} in {pool}");
+                assert!(
+                    pool.contains(cpus.iter().next().unwrap()),
+                    "{cpus} in {pool}"
+                );
                 exclusive = Some(cpus);
             }
             "Hold" => {
@@ -289,9 +284,17 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
                 let excl = exclusive.clone().expect("ExecSync before Hold");
                 // The cgroup holds what the container saw, and what the
                 // proxy publishes for it.
-                assert_eq!(cpuset_of(&parent, cid).as_ref(), Some(&excl), "{parent}/{cid}");
+                assert_eq!(
+                    cpuset_of(&parent, cid).as_ref(),
+                    Some(&excl),
+                    "{parent}/{cid}"
+                );
                 eventually("the exclusive CPU published", WAIT, || async {
-                    (published(&pr_sock, &name, "main").await.ok().flatten().as_ref()
+                    (published(&pr_sock, &name, "main")
+                        .await
+                        .ok()
+                        .flatten()
+                        .as_ref()
                         == Some(&excl))
                     .then_some(())
                 })
@@ -337,7 +340,10 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
     eprintln!(
         "kubelet's CRI client through the proxy: {} calls, exclusive CPU {}, streaming URLs {:?}",
         calls.len(),
-        exclusive.as_ref().map(ToString::to_string).unwrap_or_default(),
+        exclusive
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         seen.iter()
             .filter_map(|l| l["url"].as_str())
             .collect::<Vec<_>>()
