@@ -137,29 +137,43 @@ impl Node {
         client: kube::Client,
         handlers: Vec<Arc<dyn DiscoveryHandler>>,
     ) -> AgentConfig {
-        let mut cfg = AgentConfig::new(
-            &self.name,
-            dir.join(format!("{}-state", self.name)),
-            dir.join(format!("{}-agent.sock", self.name)),
-            Mode::Kubernetes(client),
-        );
-        cfg.embedded_handlers = handlers;
-        cfg.timings = AgentTimings {
-            tick_interval: Duration::from_millis(100),
-            file_poll_interval: Duration::from_millis(100),
-            max_conflict_retries: 8,
-        };
-        let mut dp = DevicePluginConfig::new(&self.root, Some(self.cdi.clone()));
-        dp.tick_interval = Duration::from_millis(100);
-        dp.poll = Duration::from_millis(50);
-        dp.op_timeout = Duration::from_secs(2);
-        dp.slots = SlotConfig {
-            pending_timeout_ms: 20_000,
-            settle_ms: SlotConfig::DEFAULT_SETTLE_MS,
-        };
-        cfg.device_plugins = Some(dp);
-        cfg
+        agent_config_at(&self.name, &self.root, &self.cdi, dir, client, handlers)
     }
+}
+
+/// An agent configuration of node `name` serving device plugins to the
+/// kubelet rooted at `root` (whatever plays kubelet there), CDI specs in
+/// `cdi`.
+pub fn agent_config_at(
+    name: &str,
+    root: &Path,
+    cdi: &Path,
+    dir: &Path,
+    client: kube::Client,
+    handlers: Vec<Arc<dyn DiscoveryHandler>>,
+) -> AgentConfig {
+    let mut cfg = AgentConfig::new(
+        name,
+        dir.join(format!("{name}-state")),
+        dir.join(format!("{name}-agent.sock")),
+        Mode::Kubernetes(client),
+    );
+    cfg.embedded_handlers = handlers;
+    cfg.timings = AgentTimings {
+        tick_interval: Duration::from_millis(100),
+        file_poll_interval: Duration::from_millis(100),
+        max_conflict_retries: 8,
+    };
+    let mut dp = DevicePluginConfig::new(root, Some(cdi.to_path_buf()));
+    dp.tick_interval = Duration::from_millis(100);
+    dp.poll = Duration::from_millis(50);
+    dp.op_timeout = Duration::from_secs(2);
+    dp.slots = SlotConfig {
+        pending_timeout_ms: 20_000,
+        settle_ms: SlotConfig::DEFAULT_SETTLE_MS,
+    };
+    cfg.device_plugins = Some(dp);
+    cfg
 }
 
 pub fn echo(shared: bool) -> Vec<Arc<dyn DiscoveryHandler>> {
