@@ -1,5 +1,7 @@
-//! Handlers that hang or send garbage: the agent-side client must return an
-//! error in bounded time, never hang or panic.
+//! Handlers that stay silent or send garbage: the agent-side client must
+//! count a silent handler's stream as open (an empty world may never be
+//! sent), and return garbage as an error in bounded time, never hang or
+//! panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 mod common;
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use http_body::Frame;
 use prost::Message;
 use steward_discovery::client::{self, ClientOptions};
@@ -25,12 +27,12 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
-const FIRST_RESPONSE: Duration = Duration::from_millis(600);
+const OPEN: Duration = Duration::from_millis(600);
 
 fn opts() -> ClientOptions {
     ClientOptions {
         connect_timeout: Duration::from_secs(2),
-        first_response_timeout: FIRST_RESPONSE,
+        open_timeout: OPEN,
     }
 }
 
@@ -89,23 +91,29 @@ impl discovery_handler_server::DiscoveryHandler for Silent {
     }
 }
 
-async fn assert_times_out(endpoint: &Endpoint) {
+/// The stream opens (at once when the handler answers the call, after
+/// `OPEN` when it holds its headers back) and stays open, silent.
+async fn assert_open_and_silent(endpoint: &Endpoint, silence: Silence) {
     let started = Instant::now();
-    let result = client::discover(endpoint, DiscoverRequest::new("{}"), &opts()).await;
+    let mut stream = client::discover(endpoint, DiscoverRequest::new("{}"), &opts())
+        .await
+        .unwrap_or_else(|e| panic!("a silent handler's stream must open: {e}"));
     let elapsed = started.elapsed();
-    match result {
-        Err(DiscoveryError::Timeout(msg)) => assert!(msg.contains("no device list"), "{msg}"),
-        other => panic!("expected Timeout, got {:?}", other.err()),
+    match silence {
+        Silence::NoHeaders => assert!(elapsed >= OPEN, "opened early: {elapsed:?}"),
+        Silence::NoMessage => assert!(elapsed < OPEN, "waited for a list: {elapsed:?}"),
     }
-    assert!(elapsed >= FIRST_RESPONSE, "timed out early: {elapsed:?}");
     assert!(
-        elapsed < FIRST_RESPONSE + Duration::from_secs(2),
+        elapsed < OPEN + Duration::from_secs(2),
         "too slow: {elapsed:?}"
     );
+    // Silence is not an error: nothing arrives, the stream does not end.
+    let quiet = tokio::time::timeout(OPEN * 2, stream.next()).await;
+    assert!(quiet.is_err(), "a silent stream yielded {:?}", quiet.ok());
 }
 
 #[tokio::test]
-async fn handler_that_never_answers_times_out() {
+async fn handler_that_sends_nothing_is_an_open_stream() {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     for (i, silence) in [Silence::NoHeaders, Silence::NoMessage]
@@ -114,13 +122,31 @@ async fn handler_that_never_answers_times_out() {
     {
         let path = dir.path().join(format!("silent{i}.sock"));
         let task = serve(DiscoveryHandlerServer::new(Silent(silence)), &path);
-        assert_times_out(&uds(&path)).await;
+        assert_open_and_silent(&uds(&path), silence).await;
         task.abort();
     }
 }
 
+/// The error `discover` returned, or the first item of the stream it opened.
+async fn first_error(
+    opened: Result<steward_discovery::DeviceStream, DiscoveryError>,
+) -> Option<DiscoveryError> {
+    match opened {
+        Err(e) => Some(e),
+        Ok(mut stream) => match next_item(&mut stream, 5).await {
+            Some(Err(e)) => Some(e),
+            Some(Ok(list)) => panic!("expected an error, got {list:?}"),
+            None => None,
+        },
+    }
+}
+
+/// A socket that accepts and never speaks cannot be told from a handler
+/// holding its headers back: `discover` returns in bounded time, an error
+/// or a stream counted as open (the connection's HTTP/2 keepalive then
+/// drops it: no ping is ever answered). It never hangs the caller.
 #[tokio::test]
-async fn socket_that_accepts_but_never_speaks_times_out() {
+async fn socket_that_accepts_but_never_speaks_does_not_hang() {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mute.sock");
@@ -133,8 +159,8 @@ async fn socket_that_accepts_but_never_speaks_times_out() {
     });
     let started = Instant::now();
     match client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await {
-        Err(DiscoveryError::Timeout(_)) | Err(DiscoveryError::Connect(_)) => {}
-        other => panic!("expected Timeout or Connect, got {:?}", other.err()),
+        Ok(_) | Err(DiscoveryError::Timeout(_)) | Err(DiscoveryError::Connect(_)) => {}
+        Err(other) => panic!("expected Timeout or Connect, got {other}"),
     }
     assert!(started.elapsed() < Duration::from_secs(4));
     task.abort();
@@ -236,9 +262,13 @@ async fn undecodable_first_message_is_a_stream_error() {
         },
         &path,
     );
-    match client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await {
-        Err(DiscoveryError::Stream(msg)) => assert!(msg.to_lowercase().contains("decode"), "{msg}"),
-        other => panic!("expected Stream, got {:?}", other.err()),
+    match first_error(client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await)
+        .await
+    {
+        Some(DiscoveryError::Stream(msg)) => {
+            assert!(msg.to_lowercase().contains("decode"), "{msg}")
+        }
+        other => panic!("expected Stream, got {other:?}"),
     }
     task.abort();
 }
@@ -298,9 +328,11 @@ async fn oversized_frame_is_a_stream_error() {
     }
     let task = serve(Huge, &path);
     let started = Instant::now();
-    match client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await {
-        Err(DiscoveryError::Stream(_)) => {}
-        other => panic!("expected Stream, got {:?}", other.err()),
+    match first_error(client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await)
+        .await
+    {
+        Some(DiscoveryError::Stream(_)) => {}
+        other => panic!("expected Stream, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(3));
     task.abort();
@@ -323,16 +355,18 @@ async fn socket_spewing_non_http2_bytes_is_an_error_not_a_hang() {
         }
     });
     let started = Instant::now();
-    match client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await {
-        Err(DiscoveryError::Stream(_)) | Err(DiscoveryError::Connect(_)) => {}
-        other => panic!("expected Stream or Connect, got {:?}", other.err()),
+    match first_error(client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await)
+        .await
+    {
+        Some(DiscoveryError::Stream(_)) | Some(DiscoveryError::Connect(_)) => {}
+        other => panic!("expected Stream or Connect, got {other:?}"),
     }
-    assert!(started.elapsed() < FIRST_RESPONSE + Duration::from_secs(1));
+    assert!(started.elapsed() < OPEN + Duration::from_secs(1));
     task.abort();
 }
 
 #[tokio::test]
-async fn handler_closing_before_any_list_is_a_stream_error() {
+async fn handler_closing_before_any_list_ends_the_stream() {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.sock");
@@ -343,9 +377,11 @@ async fn handler_closing_before_any_list_is_a_stream_error() {
         },
         &path,
     );
-    match client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts()).await {
-        Err(DiscoveryError::Stream(msg)) => assert!(msg.contains("before sending"), "{msg}"),
-        other => panic!("expected Stream, got {:?}", other.err()),
-    }
+    // The stream opens and ends without a list: the agent sees the
+    // handler gone ("closed the discovery stream").
+    let mut stream = client::discover(&uds(&path), DiscoverRequest::new("{}"), &opts())
+        .await
+        .unwrap();
+    assert!(next_item(&mut stream, 5).await.is_none());
     task.abort();
 }

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 fn opts() -> ClientOptions {
     ClientOptions {
         connect_timeout: Duration::from_secs(2),
-        first_response_timeout: Duration::from_secs(5),
+        open_timeout: Duration::from_secs(5),
     }
 }
 

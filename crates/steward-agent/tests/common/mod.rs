@@ -129,7 +129,7 @@ pub fn test_config(node: &str, dir: &Path, mode: Mode) -> AgentConfig {
     };
     cfg.client = ClientOptions {
         connect_timeout: Duration::from_secs(1),
-        first_response_timeout: Duration::from_secs(2),
+        open_timeout: Duration::from_secs(2),
     };
     cfg.timings = AgentTimings {
         tick_interval: Duration::from_millis(100),
