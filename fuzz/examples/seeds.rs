@@ -210,5 +210,133 @@ fn main() -> std::io::Result<()> {
         "reservation-odd",
         &tagged(2, canceled.as_bytes()),
     )?;
+    h2_authority_seeds()
+}
+
+/// HPACK integer with an `n`-bit prefix (RFC 7541 §5.1).
+fn hpack_int(out: &mut Vec<u8>, first: u8, n: u8, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(first | v as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// A Huffman-coded HPACK string.
+fn hpack_huff(out: &mut Vec<u8>, s: &str) {
+    let h = steward_h2_authority::hpack::huffman_encode(s.as_bytes());
+    hpack_int(out, 0x80, 7, h.len());
+    out.extend_from_slice(&h);
+}
+
+/// Literal with incremental indexing: static name `name` (0: a new name).
+fn hpack_lit(out: &mut Vec<u8>, name: usize, new_name: &str, value: &str) {
+    hpack_int(out, 0x40, 6, name);
+    if name == 0 {
+        hpack_huff(out, new_name);
+    }
+    hpack_huff(out, value);
+}
+
+/// grpcio's first request on a unix socket: the socket path as authority.
+fn grpcio_first() -> Vec<u8> {
+    let mut b = vec![0x83, 0x86]; // :method POST, :scheme http
+    hpack_lit(&mut b, 4, "", "/v1.PodResourcesLister/List");
+    hpack_lit(
+        &mut b,
+        1,
+        "",
+        "%2Fvar%2Flib%2Fkubelet%2Fpod-resources%2Fkubelet.sock",
+    );
+    hpack_lit(&mut b, 0, "te", "trailers");
+    hpack_lit(&mut b, 31, "", "application/grpc");
+    hpack_lit(
+        &mut b,
+        58,
+        "",
+        "grpc-python/1.76.0 grpc-c/51.0.0 (linux; chttp2)",
+    );
+    hpack_lit(&mut b, 0, "grpc-accept-encoding", "identity, deflate, gzip");
+    b
+}
+
+/// grpcio's next request: indices into the table the first one filled.
+fn grpcio_later() -> Vec<u8> {
+    let mut b = vec![0x83, 0x86];
+    for i in [67, 66, 65, 64, 63, 62] {
+        hpack_int(&mut b, 0x80, 7, i);
+    }
+    b
+}
+
+/// grpc-go's request (kubelet, crictl): authority `localhost`.
+fn grpc_go() -> Vec<u8> {
+    let mut b = vec![0x83, 0x86];
+    hpack_lit(&mut b, 4, "", "/runtime.v1.RuntimeService/Version");
+    hpack_lit(&mut b, 1, "", "localhost");
+    hpack_lit(&mut b, 31, "", "application/grpc");
+    hpack_lit(&mut b, 58, "", "grpc-go/1.72.0");
+    hpack_lit(&mut b, 0, "te", "trailers");
+    b
+}
+
+/// h2_authority: tag 0, blocks each after a one-byte length (decoders
+/// compared); tag 1, a connection described frame by frame (see the target).
+fn h2_authority_seeds() -> std::io::Result<()> {
+    let blocks = |bs: &[Vec<u8>]| {
+        let mut v = Vec::new();
+        for b in bs {
+            v.push(b.len() as u8);
+            v.extend_from_slice(b);
+        }
+        v
+    };
+    write(
+        "h2_authority",
+        "decode-grpcio",
+        &tagged(0, &blocks(&[grpcio_first(), grpcio_later()])),
+    )?;
+    write(
+        "h2_authority",
+        "decode-grpc-go",
+        &tagged(0, &blocks(&[grpc_go()])),
+    )?;
+    // A HEADERS frame: what (2: one piece; +4 per CONTINUATION, 0x10 padded,
+    // 0x20 priority, 0x40 END_STREAM), stream, length (low, high), fragment,
+    // then the pad length when padded.
+    let headers = |out: &mut Vec<u8>, what: u8, stream: u8, b: &[u8], pad: Option<u8>| {
+        out.extend_from_slice(&[what, stream, b.len() as u8, (b.len() >> 8) as u8]);
+        out.extend_from_slice(b);
+        out.extend(pad);
+    };
+    // grpcio: two requests on streams 1 and 3 with a DATA frame between,
+    // fed in 1-byte and 8-byte chunks.
+    let mut c = vec![2];
+    headers(&mut c, 2, 0, &grpcio_first(), None);
+    c.extend_from_slice(&[0, 0, 5, 0, 0, 0, 0, 1]);
+    headers(&mut c, 2, 1, &grpcio_later(), None);
+    c.extend_from_slice(&[0, 1, 0, 1]);
+    write("h2_authority", "rewrite-grpcio", &tagged(1, &c))?;
+    // grpc-go: one request, left alone.
+    let mut c = vec![0];
+    headers(&mut c, 2, 0, &grpc_go(), None);
+    c.push(0xff);
+    write("h2_authority", "rewrite-grpc-go", &tagged(1, &c))?;
+    // grpcio split over a CONTINUATION, padded, with priority, END_STREAM.
+    let mut c = vec![0];
+    headers(&mut c, 0x76, 0, &grpcio_first(), Some(7));
+    c.push(3);
+    write(
+        "h2_authority",
+        "rewrite-grpcio-continuation",
+        &tagged(1, &c),
+    )?;
     Ok(())
 }

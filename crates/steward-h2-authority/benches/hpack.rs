@@ -81,8 +81,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Median time per call of `f` over `rounds` rounds of `iters` calls.
+/// Median time per call of `f` over `rounds` rounds of `iters` calls, or
+/// fewer calls when a round would take more than about 20 ms.
 fn time(rounds: usize, iters: u32, mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    for _ in 0..10 {
+        f();
+    }
+    let one = start.elapsed() / 10;
+    let iters = iters
+        .min((Duration::from_millis(20).as_nanos() / one.as_nanos().max(1)) as u32)
+        .max(1);
     let mut per = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let start = Instant::now();

@@ -75,7 +75,9 @@ fn integer(buf: &[u8], pos: &mut usize, n: u8) -> Result<usize, HpackError> {
     loop {
         let b = *buf.get(*pos).ok_or(HpackError::Truncated)?;
         *pos += 1;
-        if shift > 28 {
+        // At most 4 bytes after the prefix, as h2 (and loona-hpack) decode:
+        // a block h2 refuses must not be made acceptable by re-encoding it.
+        if shift > 21 {
             return Err(HpackError::IntegerOverflow);
         }
         value = value
@@ -235,6 +237,22 @@ mod tests {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn integers_take_at_most_five_bytes_as_in_h2() {
+        // Index 127 with zero-valued continuation bytes: the prefix and four
+        // more bytes decode (to an index naming nothing); five overflow.
+        let mut d = Decoder::default();
+        assert_eq!(
+            decode_all(&mut d, &[0xff, 0x80, 0x80, 0x80, 0x00]),
+            Err(HpackError::BadIndex(127))
+        );
+        let mut d = Decoder::default();
+        assert_eq!(
+            decode_all(&mut d, &[0xff, 0x80, 0x80, 0x80, 0x80, 0x00]),
+            Err(HpackError::IntegerOverflow)
+        );
     }
 
     #[test]
