@@ -201,6 +201,9 @@ async fn device_plugin_and_pod_resources_wires_as_kubelet_dials_them() {
             "main",
             "-timeout",
             "300s",
+            // steward does not require PreStartContainer; call it anyway
+            // so its answer crosses this wire too.
+            "-prestart",
         ],
     );
     kubelet.next("listening").await;
@@ -253,12 +256,17 @@ async fn device_plugin_and_pod_resources_wires_as_kubelet_dials_them() {
     ids.sort();
     assert_eq!(ids, [format!("{instance}-0"), format!("{instance}-1")]);
 
-    // Allocate grants one slot (one container response, checked by the
-    // peer), naming the Instance's CDI device; the SlotClaim follows and is
-    // attributed to the pod through kubelet's pod resources.
+    // steward offers GetPreferredAllocation: one of the available slots.
+    assert_eq!(registered["preferred_allocation"], true, "{registered}");
+    let preferred = strings(&kubelet.next("preferred").await["preferred"]);
+    assert_eq!(preferred.len(), 1, "{preferred:?}");
+
+    // Allocate grants the preferred slot (one container response, checked
+    // by the peer), naming the Instance's CDI device; the SlotClaim follows
+    // and is attributed to the pod through kubelet's pod resources.
     let allocated = kubelet.next("allocated").await;
     let granted = strings(&allocated["devices"]);
-    assert_eq!(granted.len(), 1, "{allocated}");
+    assert_eq!(granted, preferred, "{allocated}");
     let slot = granted[0].clone();
     assert!(ids.contains(&slot));
     assert_eq!(
@@ -266,6 +274,8 @@ async fn device_plugin_and_pod_resources_wires_as_kubelet_dials_them() {
         [format!("steward.dev/cams={instance}")],
         "{allocated}"
     );
+    let prestarted = kubelet.next("prestarted").await;
+    assert_eq!(strings(&prestarted["devices"]), granted);
     kubelet.next("ready").await;
     let claim = wait_bound(&server, &slot, &uid).await;
     assert_eq!(claim.spec.node, "node-a");

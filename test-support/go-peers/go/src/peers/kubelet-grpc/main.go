@@ -2,7 +2,7 @@
 // with kubelet's own generated Go code (k8s.io/kubelet) and grpc-go, dialing
 // the way kubelet 1.3x dials:
 //
-//	kubelet-grpc deviceplugin -dir D [-podresources-socket S] -devices N -namespace NS -pod P
+//	kubelet-grpc deviceplugin -dir D [-podresources-socket S] -devices N -namespace NS -pod P [-prestart]
 //	    kubelet's device manager: serves Registration on D/kubelet.sock, takes
 //	    the plugin's Register, dials its endpoint, follows ListAndWatch until
 //	    N healthy devices, GetPreferredAllocation (when the plugin offers
@@ -232,6 +232,7 @@ func devicePlugin(args []string) {
 	pod := fs.String("pod", "web", "name of the pod the device is allocated to")
 	container := fs.String("container", "main", "container the device is allocated to")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+	prestart := fs.Bool("prestart", false, "call PreStartContainer even when the plugin does not require it (kubelet calls it only when required)")
 	_ = fs.Parse(args)
 	if *dir == "" {
 		fail("flags", errors.New("-dir is required"))
@@ -398,11 +399,11 @@ func devicePlugin(args []string) {
 	state.pods[[2]string{*ns, *pod}] = map[string]map[string][]string{*container: {resource: chosen}}
 	state.mu.Unlock()
 
-	if opts.PreStartRequired {
+	if opts.PreStartRequired || *prestart {
 		if _, err := client.PreStartContainer(context.Background(), &dp.PreStartContainerRequest{DevicesIDs: chosen}); err != nil {
 			fail("PreStartContainer", err)
 		}
-		emit("prestarted", map[string]interface{}{"devices": chosen})
+		emit("prestarted", map[string]interface{}{"devices": chosen, "required": opts.PreStartRequired})
 	}
 	emit("ready", nil)
 	// Serve (pod resources, the ListAndWatch stream) until the test closes stdin.
