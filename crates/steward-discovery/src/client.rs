@@ -76,7 +76,7 @@ pub async fn discover(
     let phase = match tokio::time::timeout(opts.open_timeout, &mut call).await {
         Ok(Ok(stream)) => {
             tracing::debug!(endpoint = %where_, "discovery stream open");
-            Phase::Open(stream)
+            Phase::Open(Box::new(stream))
         }
         Ok(Err(status)) => return Err(map_status(&where_, status)),
         Err(_) => {
@@ -95,7 +95,7 @@ pub async fn discover(
             let next = match &mut st.phase {
                 Phase::Opening(call) => match call.await {
                     Ok(stream) => {
-                        st.phase = Phase::Open(stream);
+                        st.phase = Phase::Open(Box::new(stream));
                         continue;
                     }
                     Err(status) => Err(status),
@@ -127,7 +127,7 @@ type Opening = Pin<
 enum Phase {
     /// The call is in flight: the handler has not answered it yet.
     Opening(Opening),
-    Open(Streaming<proto::DiscoverResponse>),
+    Open(Box<Streaming<proto::DiscoverResponse>>),
 }
 
 struct Rest {
