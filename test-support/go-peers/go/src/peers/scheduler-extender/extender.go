@@ -1,6 +1,7 @@
 package main
 
-// kube-scheduler's HTTPExtender (pkg/scheduler/extender.go upstream), the
+// kube-scheduler's HTTPExtender (upstream kubernetes pkg/scheduler/extender.go;
+// the Extender interface is pkg/scheduler/framework/extender.go), the
 // parts a filter/prioritize extender meets: how a request is written and
 // sent, how the answer is read, which answers it rejects. Where upstream
 // silently drops something a broken extender sends (a misnamed key, a
@@ -146,13 +147,16 @@ type Exchange struct {
 	Status    int
 	LatencyMS float64
 	Body      []byte
+	// Dropped: why the answer does not decode strictly (a key
+	// kube-scheduler ignores); checked after what kube-scheduler checks.
+	Dropped error
 }
 
 // send is upstream's HTTPExtender.send: json.Marshal the args, POST them
 // to <urlPrefix>/<verb> with Content-Type application/json, non-200 is an
 // error, the body is decoded with json.NewDecoder into result. Beyond
 // upstream, the body is kept and also decoded strictly into strict: a key
-// kube-scheduler would drop is reported.
+// kube-scheduler would drop is recorded in Exchange.Dropped.
 func (h *HTTPExtender) send(action string, args interface{}, result interface{}, strict interface{}) (Exchange, error) {
 	var ex Exchange
 	out, err := json.Marshal(args)
@@ -187,7 +191,7 @@ func (h *HTTPExtender) send(action string, args interface{}, result interface{},
 	d := json.NewDecoder(bytes.NewReader(ex.Body))
 	d.DisallowUnknownFields()
 	if err := d.Decode(strict); err != nil {
-		return ex, violation("the answer has a key kube-scheduler drops: %v", err)
+		ex.Dropped = violation("the answer has a key kube-scheduler drops: %v", err)
 	}
 	return ex, nil
 }
@@ -230,16 +234,29 @@ func (h *HTTPExtender) Filter(pod *v1.Pod, nodes []*v1.Node) FilterOutcome {
 	if o.Err != nil {
 		return o
 	}
+	h.checkFilter(&o, &result, fromNodeName)
+	if o.Err == nil && o.Dropped != nil {
+		o.Err = o.Dropped
+	}
+	if o.Err != nil {
+		o.Passed, o.FailedNodes, o.FailedAndUnresolvableNodes = nil, nil, nil
+	}
+	return o
+}
+
+// checkFilter applies upstream's checks, then this peer's, to a decoded
+// filter answer.
+func (h *HTTPExtender) checkFilter(o *FilterOutcome, result *ExtenderFilterResult, fromNodeName map[string]*v1.Node) {
 	if result.Error != "" {
 		o.Err = errors.New(result.Error)
-		return o
+		return
 	}
 	o.Passed = []string{}
 	if h.nodeCacheCapable && result.NodeNames != nil {
 		for _, nodeName := range *result.NodeNames {
 			if _, ok := fromNodeName[nodeName]; !ok {
 				o.Err = violation("extender %q claims a filtered node %q which is not found in the input node list", h.extenderURL, nodeName)
-				return o
+				return
 			}
 			o.Passed = append(o.Passed, nodeName)
 		}
@@ -250,35 +267,34 @@ func (h *HTTPExtender) Filter(pod *v1.Pod, nodes []*v1.Node) FilterOutcome {
 			// send would be scheduled onto all the same.
 			if _, ok := fromNodeName[name]; !ok {
 				o.Err = violation("extender %q answers a node %q which is not found in the input node list", h.extenderURL, name)
-				return o
+				return
 			}
 			o.Passed = append(o.Passed, name)
 		}
 	} else {
 		// Upstream reads neither and sees no feasible node.
 		o.Err = violation("extender %q answers neither %s: kube-scheduler sees no feasible node", h.extenderURL, map[bool]string{true: "NodeNames nor Nodes", false: "Nodes (NodeNames is not read without nodeCacheCapable)"}[h.nodeCacheCapable])
-		return o
+		return
 	}
 	if !h.nodeCacheCapable && result.NodeNames != nil {
 		o.Err = violation("extender %q answers NodeNames to a Nodes request: kube-scheduler does not read them", h.extenderURL)
-		return o
+		return
 	}
 	passed := sets.New[string](o.Passed...)
 	for _, m := range []FailedNodesMap{result.FailedNodes, result.FailedAndUnresolvableNodes} {
 		for name := range m {
 			if _, ok := fromNodeName[name]; !ok {
 				o.Err = violation("extender %q fails a node %q which is not found in the input node list", h.extenderURL, name)
-				return o
+				return
 			}
 			if passed.Has(name) {
 				o.Err = violation("extender %q both passes and fails node %q", h.extenderURL, name)
-				return o
+				return
 			}
 		}
 	}
 	o.FailedNodes = result.FailedNodes
 	o.FailedAndUnresolvableNodes = result.FailedAndUnresolvableNodes
-	return o
 }
 
 // PrioritizeOutcome is upstream Prioritize's return, plus the exchange.
@@ -327,6 +343,10 @@ func (h *HTTPExtender) Prioritize(pod *v1.Pod, nodes []*v1.Node) PrioritizeOutco
 			return o
 		}
 		seen.Insert(hp.Host)
+	}
+	if o.Dropped != nil {
+		o.Err = o.Dropped
+		return o
 	}
 	o.Scores = result
 	o.Weight = h.weight

@@ -1,7 +1,8 @@
 // Command scheduler-extender is kube-scheduler's side of the extender
 // protocol, for tests: it schedules the pods of a scenario through one
 // HTTP extender the way kube-scheduler's HTTPExtender and
-// findNodesThatPassExtenders / prioritizeNodes do, with the request bytes
+// findNodesThatPassExtenders / prioritizeNodes (pkg/scheduler/schedule_one.go)
+// do, with the request bytes
 // encoding/json writes for kube-scheduler's own types
 // (k8s.io/kube-scheduler/extender/v1, see types.go) and k8s.io/api's Pod,
 // Node and NodeList, quantities parsed by resource.ParseQuantity.
