@@ -19,8 +19,8 @@ use kube::api::{ObjectMeta, PostParams};
 use steward_agent::dra::DraPluginConfig;
 use steward_core::dra::device_name;
 use steward_proto::dra::v1::{
-    Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest,
-    dra_plugin_client::DraPluginClient,
+    Claim, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourcesRequest, dra_plugin_client::DraPluginClient,
 };
 use steward_proto::dra_health::v1alpha1::{
     HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
@@ -555,5 +555,402 @@ async fn a_hold_whose_claim_left_the_api_is_released_and_a_live_one_is_kept() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    agent.stop().await.unwrap();
+}
+
+/// The pool the ResourceSlices publish `device` in, once they do.
+async fn published_pool(server: &ApiServer, device: &str, pool: &str) {
+    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());
+    eventually(
+        &format!("device {device} published in pool {pool}"),
+        WAIT,
+        || async {
+            let items = slices
+                .list(&kube::api::ListParams::default())
+                .await
+                .ok()?
+                .items;
+            let pools: Vec<&str> = items
+                .iter()
+                .filter(|s| s.spec.devices.iter().flatten().any(|d| d.name == device))
+                .map(|s| s.spec.pool.name.as_str())
+                .collect();
+            (pools == [pool]).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The health of `device` of `pool` in message `m`, if it names it.
+fn health_in(m: &NodeWatchResourcesResponse, pool: &str, device: &str) -> Option<i32> {
+    m.devices
+        .iter()
+        .find(|d| {
+            d.device
+                .as_ref()
+                .is_some_and(|id| id.pool_name == pool && id.device_name == device)
+        })
+        .map(|d| d.health)
+}
+
+/// The first health message naming `device` in `pool` (the stream sends
+/// the whole state on each change).
+async fn health_naming(
+    health: &mut tonic::Streaming<NodeWatchResourcesResponse>,
+    pool: &str,
+    device: &str,
+) -> NodeWatchResourcesResponse {
+    loop {
+        let m = tokio::time::timeout(WAIT, health.message())
+            .await
+            .unwrap_or_else(|_| panic!("no health message names {pool}/{device}"))
+            .unwrap()
+            .unwrap();
+        if health_in(&m, pool, device).is_some() {
+            return m;
+        }
+    }
+}
+
+async fn prepare(
+    plugin: &mut DraPluginClient<Channel>,
+    claims: Vec<Claim>,
+) -> NodePrepareResourcesResponse {
+    plugin
+        .node_prepare_resources(NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_instance_is_prepared_and_watched_in_the_pool_its_slices_publish() {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let a = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let cfg = dra_agent_config(&a, dir.path(), server.client(), echo(true));
+    let dra = cfg.dra_plugin.clone().unwrap();
+    let agent_a = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 3),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    assert!(inst.spec.shared, "a shared handler's Instance");
+    let instance = inst.metadata.name.clone().unwrap();
+    a.kubelet
+        .wait_for_resource(&resource(&inst), |s| s.healthy.len() == 3, WAIT)
+        .await
+        .unwrap();
+    let dev = |n| device_name(&instance, n);
+    let shared_pool = format!("shared/{instance}");
+
+    // Seen by one node: the slices put it in that node's pool, and prepare
+    // and the health stream name the same pool.
+    published_pool(&server, &dev(0), "node-a").await;
+    let mut plugin = DraPluginClient::new(channel(&dra.plugin_socket()).await);
+    let first = allocated_claim(&server, "first", "steward.dev", &[("node-a", dev(0))]).await;
+    let unpublished = allocated_claim(
+        &server,
+        "unpublished",
+        "steward.dev",
+        &[(shared_pool.as_str(), dev(2))],
+    )
+    .await;
+    let answer = prepare(
+        &mut plugin,
+        vec![claim("first", &first), claim("unpublished", &unpublished)],
+    )
+    .await;
+    assert_eq!(answer.claims[&first].error, "", "{answer:?}");
+    assert_eq!(answer.claims[&first].devices[0].pool_name, "node-a");
+    assert!(
+        answer.claims[&unpublished]
+            .error
+            .contains("is not a device of node node-a"),
+        "a claim allocated from a pool nobody publishes: {answer:?}"
+    );
+    let mut health = DraResourceHealthClient::new(channel(&dra.plugin_socket()).await)
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let m = health_naming(&mut health, "node-a", &dev(1)).await;
+    assert_eq!(
+        health_in(&m, "node-a", &dev(1)),
+        Some(HealthStatus::Healthy as i32)
+    );
+    assert_eq!(health_in(&m, &shared_pool, &dev(1)), None, "{m:?}");
+
+    // A second node sees it: its devices move to the shared pool.
+    let b = Node::start(dir.path(), "node-b", Some(server.client())).await;
+    let agent_b = Agent::start(b.agent_config(dir.path(), server.client(), echo(true)));
+    instance_of(&server, "cams", &["node-a", "node-b"]).await;
+    published_pool(&server, &dev(1), &shared_pool).await;
+    let m = health_naming(&mut health, &shared_pool, &dev(1)).await;
+    assert_eq!(
+        health_in(&m, &shared_pool, &dev(1)),
+        Some(HealthStatus::Healthy as i32)
+    );
+    // The device the claim holds from the old pool keeps its health under
+    // that name.
+    assert_eq!(
+        health_in(&m, "node-a", &dev(0)),
+        Some(HealthStatus::Healthy as i32),
+        "{m:?}"
+    );
+    // The claim prepared from the old pool keeps its slot: a repeat is the
+    // same answer.
+    let again = prepare(&mut plugin, vec![claim("first", &first)]).await;
+    assert_eq!(again.claims[&first], answer.claims[&first]);
+    // A new claim from the old pool is refused, one from the new pool is
+    // prepared.
+    let stale = allocated_claim(&server, "stale", "steward.dev", &[("node-a", dev(1))]).await;
+    let moved = allocated_claim(
+        &server,
+        "moved",
+        "steward.dev",
+        &[(shared_pool.as_str(), dev(2))],
+    )
+    .await;
+    let answer = prepare(
+        &mut plugin,
+        vec![claim("stale", &stale), claim("moved", &moved)],
+    )
+    .await;
+    assert!(
+        answer.claims[&stale]
+            .error
+            .contains("is not a device of node node-a"),
+        "{answer:?}"
+    );
+    assert_eq!(answer.claims[&moved].error, "", "{answer:?}");
+    assert_eq!(answer.claims[&moved].devices[0].pool_name, shared_pool);
+    agent_b.stop().await.unwrap();
+    agent_a.stop().await.unwrap();
+}
+
+/// A single node with the DRA plugin on (safety net every `gc`): the
+/// server, the node, the agent, the Instance's name and a plugin client.
+async fn single_dra(
+    capacity: u32,
+    gc: Option<std::time::Duration>,
+) -> (
+    ApiServer,
+    tempfile::TempDir,
+    Node,
+    Agent,
+    String,
+    DraPluginClient<Channel>,
+) {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let mut dra = DraPluginConfig::new(&node.root);
+    if let Some(gc) = gc {
+        dra.gc_interval = gc;
+    }
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), capacity),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    node.kubelet
+        .wait_for_resource(
+            &resource(&inst),
+            |s| s.healthy.len() == capacity as usize,
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let plugin = DraPluginClient::new(channel(&dra.plugin_socket()).await);
+    (
+        server,
+        dir,
+        node,
+        agent,
+        inst.metadata.name.unwrap(),
+        plugin,
+    )
+}
+
+fn claim_ops(agent: &Agent, store: &str) -> u64 {
+    agent
+        .metrics
+        .device_plugins
+        .claim_ops
+        .get_or_create(&steward_agent::deviceplugin::ClaimOpLabels {
+            store: store.into(),
+            op: "write".into(),
+            result: "ok".into(),
+        })
+        .get()
+}
+
+fn prepares(agent: &Agent, result: &str) -> u64 {
+    agent
+        .metrics
+        .device_plugins
+        .prepares
+        .get_or_create(&steward_agent::deviceplugin::ResultLabels {
+            result: result.into(),
+        })
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prepare_writes_nothing() {
+    let (server, _dir, _node, agent, instance, mut plugin) = single_dra(1, None).await;
+    let uid = allocated_claim(
+        &server,
+        "cam",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 0))],
+    )
+    .await;
+    let first = prepare(&mut plugin, vec![claim("cam", &uid)]).await;
+    assert_eq!(first.claims[&uid].error, "", "{first:?}");
+    let slot = format!("{instance}-0");
+    let held = claim_of(&server, &slot).await.expect("the SlotClaim");
+    let writes = server.stats().writes_for("slotclaims.steward.dev");
+    let (local, cluster) = (claim_ops(&agent, "local"), claim_ops(&agent, "cluster"));
+    for _ in 0..3 {
+        let again = prepare(&mut plugin, vec![claim("cam", &uid)]).await;
+        assert_eq!(again.claims[&uid], first.claims[&uid]);
+    }
+    let after = claim_of(&server, &slot).await.expect("the SlotClaim");
+    assert_eq!(
+        after.metadata.resource_version, held.metadata.resource_version,
+        "a repeated prepare rewrote the SlotClaim"
+    );
+    assert_eq!(
+        server.stats().writes_for("slotclaims.steward.dev"),
+        writes,
+        "API writes of a repeated prepare"
+    );
+    assert_eq!(claim_ops(&agent, "local"), local, "local record rewritten");
+    assert_eq!(claim_ops(&agent, "cluster"), cluster);
+    assert_eq!(prepares(&agent, "ok"), 4);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_prepares_are_counted_by_what_was_wrong_with_the_claim() {
+    let (server, _dir, _node, agent, instance, mut plugin) = single_dra(1, None).await;
+    let dev0 = device_name(&instance, 0);
+    let foreign = allocated_claim(
+        &server,
+        "foreign",
+        "gpu.example.com",
+        &[("node-a", dev0.clone())],
+    )
+    .await;
+    allocated_claim(
+        &server,
+        "replaced",
+        "steward.dev",
+        &[("node-a", dev0.clone())],
+    )
+    .await;
+    let bare = Api::<ResourceClaim>::namespaced(server.client(), NS)
+        .create(
+            &PostParams::default(),
+            &ResourceClaim {
+                metadata: ObjectMeta {
+                    name: Some("bare".into()),
+                    ..ObjectMeta::default()
+                },
+                ..ResourceClaim::default()
+            },
+        )
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let answer = prepare(
+        &mut plugin,
+        vec![
+            claim("foreign", &foreign),
+            claim("replaced", "an-older-uid"),
+            claim("bare", &bare),
+            claim("gone", "gone-uid"),
+        ],
+    )
+    .await;
+    assert!(
+        answer.claims.values().all(|c| !c.error.is_empty()),
+        "{answer:?}"
+    );
+    for label in [
+        "no_devices",
+        "claim_replaced",
+        "not_allocated",
+        "claim_gone",
+    ] {
+        assert_eq!(prepares(&agent, label), 1, "result={label}");
+    }
+    assert_eq!(prepares(&agent, "claim_unreadable"), 0);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_released_within_one_interval_of_its_claim_going() {
+    let interval = std::time::Duration::from_secs(3);
+    let (server, _dir, _node, agent, instance, mut plugin) = single_dra(2, Some(interval)).await;
+    let claims: Api<ResourceClaim> = Api::namespaced(server.client(), NS);
+    // A first hold released by a sweep: the next sweep is one interval
+    // after this.
+    let uid = allocated_claim(
+        &server,
+        "early",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 0))],
+    )
+    .await;
+    assert_eq!(
+        prepare(&mut plugin, vec![claim("early", &uid)])
+            .await
+            .claims[&uid]
+            .error,
+        ""
+    );
+    claims
+        .delete("early", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait_released(&server, &format!("{instance}-0")).await;
+    // Prepared right after a sweep and gone at once: released within one
+    // interval, not at the sweep after next.
+    let uid = allocated_claim(
+        &server,
+        "late",
+        "steward.dev",
+        &[("node-a", device_name(&instance, 1))],
+    )
+    .await;
+    assert_eq!(
+        prepare(&mut plugin, vec![claim("late", &uid)]).await.claims[&uid].error,
+        ""
+    );
+    claims
+        .delete("late", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = std::time::Instant::now();
+    wait_released(&server, &format!("{instance}-1")).await;
+    let took = gone.elapsed();
+    println!("released {took:?} after the claim went (interval {interval:?})");
+    assert!(
+        took < interval + std::time::Duration::from_millis(1_500),
+        "released {took:?} after the claim went, interval {interval:?}"
+    );
     agent.stop().await.unwrap();
 }

@@ -168,6 +168,7 @@ mod tests {
             resource_name: format!("steward.dev/{name}"),
             capacity: 1,
             shared: false,
+            nodes: std::collections::BTreeSet::new(),
             usable: true,
             properties: BTreeMap::new(),
             mounts: Vec::new(),

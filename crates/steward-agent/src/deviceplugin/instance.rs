@@ -1,6 +1,6 @@
 //! What a device plugin needs to know about one Instance of this node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use steward_api::{Instance, InstanceDeviceSpec, InstanceMount};
 use steward_core::slots::InstanceInfo;
@@ -23,6 +23,9 @@ pub struct ServedInstance {
     pub shared: bool,
     /// This node is listed in the Instance's nodes.
     pub usable: bool,
+    /// The nodes that see the device (`spec.nodes`): which DRA pool its
+    /// slots are published in (`steward_core::dra::pool_of`).
+    pub nodes: BTreeSet<String>,
     pub properties: BTreeMap<String, String>,
     pub mounts: Vec<InstanceMount>,
     pub device_specs: Vec<InstanceDeviceSpec>,
@@ -57,6 +60,7 @@ impl ServedInstance {
             capacity: spec.capacity,
             shared: spec.shared,
             usable: spec.nodes.iter().any(|n| n == node),
+            nodes: spec.nodes.iter().cloned().collect(),
             properties: spec.properties.clone(),
             mounts: spec.mounts.clone(),
             device_specs: spec.device_specs.clone(),

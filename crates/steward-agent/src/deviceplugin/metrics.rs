@@ -44,7 +44,10 @@ pub struct DevicePluginMetrics {
     /// expired, rolled back).
     pub released: Counter,
     /// `steward_dra_prepares_total{result}`: NodePrepareResources per
-    /// claim, by outcome.
+    /// claim, by outcome: `ok`; what was wrong with the claim
+    /// (`claim_gone`, `claim_replaced`, `claim_unreadable`,
+    /// `not_allocated`, `no_devices`); or the slot refusals (`unknown_device`,
+    /// `no_cdi`, `in_use`, ... as docs/DRA.md lists).
     pub prepares: Family<ResultLabels, Counter>,
     /// `steward_dra_prepare_seconds`: one claim's prepare, durable slot
     /// claims included.

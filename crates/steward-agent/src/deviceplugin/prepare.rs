@@ -35,7 +35,12 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     /// Prepares `devices` for `claim` (used by `users`): resolves each
     /// device to the slot it was published as, claims them all durably or
     /// none, and answers their CDI devices. Idempotent for a claim already
-    /// prepared. The error says why nothing was prepared.
+    /// prepared: a repeat with the same devices and users writes nothing
+    /// and answers the same. A device the claim already holds is prepared
+    /// again under the pool it was allocated from, even after its Instance
+    /// moved pool (`steward_core::dra::pool_of`); a new claim only from
+    /// the pool the device is published in now. The error says why
+    /// nothing was prepared.
     pub async fn prepare_claim(
         &self,
         claim: &ClaimRef,
@@ -76,8 +81,12 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             let instances = st
                 .instances
                 .values()
-                .map(|i| (i.name.as_str(), i.capacity, i.shared));
-            let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances) else {
+                .map(|i| (i.name.as_str(), i.capacity, &i.nodes));
+            // The device as published now, or as this claim already holds
+            // it (prepared before its Instance moved pool).
+            let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances)
+                .or_else(|| st.ledger.held_as(&claim.uid, &d.pool, &d.device))
+            else {
                 return Err((
                     format!(
                         "device {}/{} of ResourceClaim {claim} is not a device of node {}; nothing was prepared",
@@ -115,6 +124,13 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 slot,
                 cdi_ids: vec![cdi],
             });
+        }
+        if st.ledger.is_prepared_as(&holds) {
+            // A repeat (kubelet retries): the claim holds exactly this,
+            // durably; nothing to write.
+            drop(st);
+            tracing::debug!(%claim, "DRA claim already prepared");
+            return Ok(prepared);
         }
         let result = self
             .claim_durably(

@@ -24,35 +24,77 @@ pub struct AllocatedClaim {
     pub users: Vec<Holder>,
 }
 
+/// Why a claim cannot be prepared, as read from the API: the per-claim
+/// error kubelet gets, and the `result` label of
+/// `steward_dra_prepares_total` it is counted under ([`ClaimReadError::label`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimReadError {
+    /// The API has no such claim.
+    #[error("ResourceClaim {0} no longer exists")]
+    Gone(ClaimRef),
+    /// The claim of that name has another UID (deleted and recreated).
+    #[error("ResourceClaim {claim} has UID {found:?}, kubelet asked for {:?}: it was replaced", claim.uid)]
+    Replaced { claim: ClaimRef, found: String },
+    /// The claim could not be read (API error or no answer in time).
+    #[error("reading ResourceClaim {claim}: {reason}")]
+    Unreadable { claim: ClaimRef, reason: String },
+    /// The claim has no allocation.
+    #[error("ResourceClaim {0} is not allocated")]
+    NotAllocated(ClaimRef),
+    /// The allocation names no device of this driver.
+    #[error("ResourceClaim {0} has no device of driver {DRIVER} allocated")]
+    NoDevices(ClaimRef),
+}
+
+impl ClaimReadError {
+    /// The `result` label: `claim_gone`, `claim_replaced`,
+    /// `claim_unreadable`, `not_allocated` or `no_devices`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Gone(_) => "claim_gone",
+            Self::Replaced { .. } => "claim_replaced",
+            Self::Unreadable { .. } => "claim_unreadable",
+            Self::NotAllocated(_) => "not_allocated",
+            Self::NoDevices(_) => "no_devices",
+        }
+    }
+}
+
 /// Reads `claim` and its allocation. The error is the per-claim error
-/// kubelet gets: the claim is gone or replaced, not allocated, or has no
-/// device of this driver.
+/// kubelet gets: the claim is gone, replaced or unreadable, not
+/// allocated, or has no device of this driver.
 pub async fn read_claim(
     client: &kube::Client,
     claim: &ClaimRef,
     timeout: Duration,
-) -> Result<AllocatedClaim, String> {
+) -> Result<AllocatedClaim, ClaimReadError> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
     let obj = match tokio::time::timeout(timeout, api.get_opt(&claim.name)).await {
         Ok(Ok(Some(obj))) => obj,
-        Ok(Ok(None)) => return Err(format!("ResourceClaim {claim} no longer exists")),
-        Ok(Err(e)) => return Err(format!("reading ResourceClaim {claim}: {e}")),
+        Ok(Ok(None)) => return Err(ClaimReadError::Gone(claim.clone())),
+        Ok(Err(e)) => {
+            return Err(ClaimReadError::Unreadable {
+                claim: claim.clone(),
+                reason: e.to_string(),
+            });
+        }
         Err(_) => {
-            return Err(format!(
-                "reading ResourceClaim {claim}: no answer within {timeout:?}"
-            ));
+            return Err(ClaimReadError::Unreadable {
+                claim: claim.clone(),
+                reason: format!("no answer within {timeout:?}"),
+            });
         }
     };
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     if uid != claim.uid {
-        return Err(format!(
-            "ResourceClaim {claim} has UID {uid:?}, kubelet asked for {:?}: it was replaced",
-            claim.uid
-        ));
+        return Err(ClaimReadError::Replaced {
+            claim: claim.clone(),
+            found: uid,
+        });
     }
     let status = obj.status.unwrap_or_default();
     let Some(allocation) = status.allocation else {
-        return Err(format!("ResourceClaim {claim} is not allocated"));
+        return Err(ClaimReadError::NotAllocated(claim.clone()));
     };
     let devices: Vec<AllocatedDevice> = allocation
         .devices
@@ -67,9 +109,7 @@ pub async fn read_claim(
         })
         .collect();
     if devices.is_empty() {
-        return Err(format!(
-            "ResourceClaim {claim} has no device of driver {DRIVER} allocated"
-        ));
+        return Err(ClaimReadError::NoDevices(claim.clone()));
     }
     let mut users = Vec::new();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &claim.namespace);

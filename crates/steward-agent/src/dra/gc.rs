@@ -2,9 +2,12 @@
 //! prepared (it checkpoints a claim before preparing it), but a node whose
 //! kubelet state was wiped, or a hold brought back by a restart after a
 //! failed local delete, would otherwise keep a slot forever. Every
-//! interval, each claim holding slots here is read back from the API; a
-//! hold whose claim is gone, replaced (another UID) or no longer allocated
-//! that device is released as if kubelet had unprepared it. A claim keeps
+//! interval (and when a hold turns one interval old), each claim holding
+//! slots here for at least one interval is read back from the API; a hold
+//! whose claim is gone, replaced (another UID) or no longer allocated that
+//! device is released as if kubelet had unprepared it: within one
+//! interval of the claim going, never before the hold is one interval
+//! old. A claim keeps
 //! its allocation while any pod still uses it (the resourceclaim
 //! controller deallocates only a claim nobody reserves), so a live pod's
 //! device is never taken.
@@ -15,8 +18,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use steward_core::Millis;
 use steward_core::dra::DRIVER;
-use steward_core::ledger::ClaimHold;
+use steward_core::ledger::{ClaimHold, Holding};
 
 use crate::claims::ClaimStore;
 use crate::deviceplugin::SlotKeeper;
@@ -48,32 +52,56 @@ pub fn stale(hold: &ClaimHold, claim: Option<&ResourceClaim>) -> Option<String> 
     })
 }
 
-/// Sweeps every `interval` until dropped. Holds younger than one interval
-/// are left alone (a prepare that just answered).
+/// The holds a sweep at `now` reads back, by claim UID: those at least
+/// one interval old (a prepare that just answered is left alone). And how
+/// long until the next sweep: one interval, or less when a younger hold
+/// turns one interval old before that. So a hold is released within one
+/// interval of its claim going (gone, replaced, no longer allocated that
+/// device), never before it is one interval old.
+pub fn due(
+    holders: &[Holding],
+    now: Millis,
+    interval: Duration,
+) -> (BTreeMap<String, Vec<ClaimHold>>, Duration) {
+    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    let mut next = interval;
+    let mut by_uid: BTreeMap<String, Vec<ClaimHold>> = BTreeMap::new();
+    for h in holders {
+        let Some(hold) = h.claim.as_deref() else {
+            continue;
+        };
+        let age = now.since(h.since);
+        if age >= interval_ms {
+            by_uid
+                .entry(hold.uid().to_owned())
+                .or_default()
+                .push(hold.clone());
+        } else {
+            next = next.min(Duration::from_millis(interval_ms - age));
+        }
+    }
+    (by_uid, next)
+}
+
+/// Sweeps until dropped: every `interval`, and when a hold turns one
+/// interval old ([`due`]).
 pub(crate) async fn collect<L: ClaimStore, C: ClaimStore>(
     core: Weak<SlotKeeper<L, C>>,
     client: kube::Client,
     interval: Duration,
     op_timeout: Duration,
 ) {
+    let mut wait = interval;
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(wait).await;
         let Some(keeper) = core.upgrade() else {
             return;
         };
-        let now = crate::deviceplugin::now();
-        let holds: BTreeMap<String, Vec<ClaimHold>> = {
+        let (holds, next) = {
             let st = keeper.lock_quiet().await;
-            let mut by_uid: BTreeMap<String, Vec<ClaimHold>> = BTreeMap::new();
-            for h in st.ledger.holders() {
-                if let Some(hold) = h.claim
-                    && now.since(h.since) >= u64::try_from(interval.as_millis()).unwrap_or(u64::MAX)
-                {
-                    by_uid.entry(hold.uid().to_owned()).or_default().push(*hold);
-                }
-            }
-            by_uid
+            due(&st.ledger.holders(), crate::deviceplugin::now(), interval)
         };
+        wait = next;
         for (uid, holds) in holds {
             let Some(first) = holds.first() else { continue };
             let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &first.claim.namespace);
@@ -120,6 +148,33 @@ mod tests {
             "status": {"allocation": {"devices": {"results": results}}}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_young_hold_brings_the_next_sweep_forward_to_its_first_interval() {
+        let interval = Duration::from_secs(60);
+        let holding = |slot: &str, since: u64, claim: Option<ClaimHold>| Holding {
+            resource: slot.into(),
+            holder: None,
+            since: Millis(since),
+            reservation: None,
+            claim: claim.map(Box::new),
+        };
+        let held = [
+            holding("cam-0", 1_000, Some(hold())),
+            holding("cam-1", 100_000, Some(hold())),
+            holding("cam-2", 0, None),
+        ];
+        let (holds, next) = due(&held, Millis(120_000), interval);
+        assert_eq!(holds.keys().collect::<Vec<_>>(), ["u1"]);
+        assert_eq!(holds["u1"].len(), 1);
+        assert_eq!(
+            next,
+            Duration::from_secs(40),
+            "cam-1 is one interval old at 160 s"
+        );
+        let (holds, next) = due(&held[..1], Millis(120_000), interval);
+        assert_eq!((holds.len(), next), (1, interval));
     }
 
     #[test]

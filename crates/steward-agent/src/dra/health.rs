@@ -1,6 +1,9 @@
 //! Device health to kubelet over the DRA resource health stream
 //! (`v1alpha1.DRAResourceHealth`, kubelet 1.34 with ResourceHealthStatus):
-//! every device this node serves, HEALTHY while its Instance's device is
+//! every device this node publishes, in the pool it publishes it in
+//! (`steward_core::dra::pool_of`, as the slices and prepare), plus each
+//! device a prepared claim holds under the pool it was allocated from;
+//! HEALTHY while its Instance's device is
 //! present and usable here, UNHEALTHY when discovery lost it (a device
 //! that left this node entirely stays in the stream as UNHEALTHY). The
 //! current state first, then each change.
@@ -31,6 +34,7 @@ pub(crate) struct Health<L, C> {
 async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snapshot {
     let st = core.lock_quiet().await;
     let mut out = Snapshot::new();
+    let mut health: BTreeMap<&str, (bool, &str)> = BTreeMap::new();
     for inst in st.instances.values() {
         let info = st.ledger.instance(&inst.name);
         let healthy = info.is_some_and(|i| i.available());
@@ -40,13 +44,35 @@ async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snap
             Some(_) => "",
             None => "the device is not served on this node",
         };
-        let pool = pool_of(&core.node, &inst.name, inst.shared);
+        health.insert(&inst.name, (healthy, why));
+        // Only the devices this node publishes, in the pool it publishes
+        // them in; a device no longer published here stays in the stream
+        // as gone (below).
+        let Some(pool) = pool_of(&core.node, &inst.name, &inst.nodes) else {
+            continue;
+        };
         for n in 0..inst.capacity {
             out.insert(
                 (pool.clone(), device_name(&inst.name, n)),
                 (healthy, why.to_owned()),
             );
         }
+    }
+    // A device a claim holds under the pool it was allocated from (its
+    // Instance moved pool since) keeps its slot's health under that name.
+    for h in st.ledger.holders() {
+        let Some(hold) = h.claim.as_deref().filter(|c| !c.pool.is_empty()) else {
+            continue;
+        };
+        let Some(&(healthy, why)) = h
+            .resource
+            .rsplit_once('-')
+            .and_then(|(instance, _)| health.get(instance))
+        else {
+            continue;
+        };
+        out.entry((hold.pool.clone(), hold.device.clone()))
+            .or_insert_with(|| (healthy, why.to_owned()));
     }
     out
 }

@@ -167,8 +167,8 @@ impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
                     .await
             }
             Err(e) => {
-                core.metrics.preparation("claim_unreadable");
-                Err(e)
+                core.metrics.preparation(e.label());
+                Err(e.to_string())
             }
         };
         match result {

@@ -7,11 +7,13 @@
 //! itself when it is a DNS label), so a device handed out on one path is
 //! held in the same slot ledger the other path checks.
 //!
-//! **Pools.** Devices only this node sees are one pool named after the node
-//! (`nodeName` slices). A shared Instance (seen by several nodes) is a pool
-//! of its own whose slices select those nodes (`nodeSelector` on
-//! `kubernetes.io/hostname`), so a device seen by three nodes is one device,
-//! not three; exactly one of its nodes writes it ([`writer`]).
+//! **Pools.** [`pool_of`] decides, for the slices, prepare and the health
+//! stream alike. Devices only this node sees are one pool named after the
+//! node (`nodeName` slices), whatever their handler calls them. An Instance
+//! seen by several nodes is a pool of its own whose slices select those
+//! nodes (`nodeSelector` on the field `metadata.name`), so a device seen by
+//! three nodes is one device, not three; exactly one of its nodes writes it
+//! ([`writer`]).
 //!
 //! **Slices.** At most [`MAX_DEVICES_PER_SLICE`] devices per slice, every
 //! slice of a pool carrying the pool's generation and slice count; the
@@ -25,7 +27,7 @@ mod slices;
 pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
 pub use slices::{
     DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, attribute_value,
-    configuration_selector, device_name, next_generation, plan, pool_of, slice_name,
+    configuration_selector, device_name, is_shared, next_generation, plan, pool_of, slice_name,
     slot_for_device, writer,
 };
 

@@ -152,32 +152,56 @@ pub fn configuration_selector(namespace: &str, name: &str) -> String {
     )
 }
 
-/// The pool a slot of `instance` is published in: the node's own pool, or
-/// the shared Instance's pool.
-pub fn pool_of(node: &str, instance: &str, shared: bool) -> String {
-    if shared {
-        shared_pool(instance)
+/// The pool `node` publishes the devices of `instance` in, given the
+/// nodes that see it: the one answer the slices ([`plan`]), prepare
+/// ([`slot_for_device`]) and the health stream use.
+///
+/// * `None` when `node` is not among `nodes`: it publishes none of the
+///   Instance's devices.
+/// * The node's own pool (named after it) when only `node` sees the
+///   Instance — whatever its discovery handler calls it: a shareable
+///   device (`spec.shared`) seen by one node is that node's device.
+/// * The Instance's own pool, `shared/<instance>`, when several nodes see
+///   it (published by its [`writer`]).
+///
+/// An Instance that a second node starts to see moves from the first
+/// pool to the second (and back when only one node is left): devices
+/// already prepared from the old pool keep their slots (see
+/// `docs/DRA.md`), new allocations come from the new pool.
+pub fn pool_of(node: &str, instance: &str, nodes: &BTreeSet<String>) -> Option<String> {
+    if !nodes.contains(node) {
+        None
+    } else if is_shared(nodes) {
+        Some(shared_pool(instance))
     } else {
-        node.to_owned()
+        Some(node.to_owned())
     }
+}
+
+/// Whether an Instance seen by `nodes` is published as shared (its own
+/// pool, the `shared` attribute true): more than one node sees it.
+pub fn is_shared(nodes: &BTreeSet<String>) -> bool {
+    nodes.len() > 1
 }
 
 /// The slot an allocated DRA device names, read back the way [`plan`]
 /// published it: `device` must be [`device_name`] of a slot `n < capacity`
-/// of one of `instances` (name, capacity, shared) and `pool` that slot's
-/// [`pool_of`] on `node`. `None` for anything else (a device of another
-/// node, pool or driver).
+/// of one of `instances` (name, capacity, the nodes that see it) and
+/// `pool` that Instance's [`pool_of`] on `node`. `None` for anything else
+/// (a device of another node, of a pool not published, of another driver).
 pub fn slot_for_device<'a>(
     node: &str,
     pool: &str,
     device: &str,
-    instances: impl IntoIterator<Item = (&'a str, u32, bool)>,
+    instances: impl IntoIterator<Item = (&'a str, u32, &'a BTreeSet<String>)>,
 ) -> Option<String> {
     let (_, index) = device.rsplit_once('-')?;
     let n: u32 = index.parse().ok()?;
-    instances.into_iter().find_map(|(name, capacity, shared)| {
-        (n < capacity && device_name(name, n) == device && pool_of(node, name, shared) == pool)
-            .then(|| slot_id(name, n))
+    instances.into_iter().find_map(|(name, capacity, nodes)| {
+        (n < capacity
+            && device_name(name, n) == device
+            && pool_of(node, name, nodes).as_deref() == Some(pool))
+        .then(|| slot_id(name, n))
     })
 }
 
@@ -189,19 +213,16 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
     let mut pools: BTreeMap<String, (PoolScope, Vec<SliceDevice>)> = BTreeMap::new();
     let mut notes = Vec::new();
     for inst in instances {
-        let shared = inst.nodes.len() > 1;
-        let (pool, scope) = if !inst.nodes.contains(node) {
+        let Some(pool) = pool_of(node, &inst.name, &inst.nodes) else {
             continue;
-        } else if shared {
-            if writer(inst) != Some(node) {
-                continue;
-            }
-            (
-                shared_pool(&inst.name),
-                PoolScope::Nodes(inst.nodes.clone()),
-            )
+        };
+        let shared = is_shared(&inst.nodes);
+        let scope = if !shared {
+            PoolScope::Node(node.to_owned())
+        } else if writer(inst) == Some(node) {
+            PoolScope::Nodes(inst.nodes.clone())
         } else {
-            (node.to_owned(), PoolScope::Node(node.to_owned()))
+            continue;
         };
         let mut fixed = BTreeMap::from([
             ("shared".to_owned(), Attribute::Bool(shared)),
@@ -344,10 +365,12 @@ mod tests {
     #[test]
     fn allocated_devices_read_back_as_the_slots_they_were_published_for() {
         let long = "a".repeat(70);
+        let here: BTreeSet<String> = ["node-a".to_owned()].into();
+        let both: BTreeSet<String> = ["node-a".to_owned(), "node-b".to_owned()].into();
         let insts = [
-            ("cam", 2, false),
-            ("usb.bus", 1, true),
-            (long.as_str(), 1, false),
+            ("cam", 2, &here),
+            ("usb.bus", 1, &both),
+            (long.as_str(), 1, &here),
         ];
         assert_eq!(
             slot_for_device("node-a", "node-a", "cam-1", insts),
@@ -362,7 +385,7 @@ mod tests {
         assert_eq!(
             slot_for_device(
                 "node-a",
-                &pool_of("node-a", "usb.bus", true),
+                &pool_of("node-a", "usb.bus", &both).unwrap(),
                 &shared,
                 insts
             ),
@@ -374,6 +397,57 @@ mod tests {
             slot_for_device("node-a", "node-a", &hashed, insts),
             Some(format!("{long}-0"))
         );
+    }
+
+    #[test]
+    fn prepare_reads_back_exactly_the_pools_the_slices_publish() {
+        // A shareable device seen by one node is that node's device; seen
+        // by two it is the shared pool's; a node that does not see it
+        // publishes nothing of it.
+        let mut one = inst("cam", 2, &["n1"]);
+        let two = inst("usb", 1, &["n1", "n2"]);
+        let other = inst("gpu", 1, &["n2"]);
+        for all in [vec![one.clone(), two.clone(), other.clone()], {
+            one.nodes.insert("n3".into());
+            vec![one.clone(), two.clone(), other.clone()]
+        }] {
+            let (slices, _) = plan("n1", &all);
+            let mut published = 0;
+            for s in &slices {
+                for d in &s.devices {
+                    let instances = all.iter().map(|i| (i.name.as_str(), i.capacity, &i.nodes));
+                    assert_eq!(
+                        slot_for_device("n1", &s.pool, &d.name, instances).as_deref(),
+                        Some(d.slot.as_str()),
+                        "{d:?} of pool {}",
+                        s.pool
+                    );
+                    let inst = all.iter().find(|i| i.name == d.instance).unwrap();
+                    assert_eq!(
+                        pool_of("n1", &inst.name, &inst.nodes).as_deref(),
+                        Some(s.pool.as_str())
+                    );
+                    assert_eq!(
+                        d.attributes["shared"],
+                        Attribute::Bool(is_shared(&inst.nodes))
+                    );
+                    published += 1;
+                }
+            }
+            assert_eq!(published, 3, "{slices:?}");
+            // And no other pool reads back as a device of n1.
+            let instances = all.iter().map(|i| (i.name.as_str(), i.capacity, &i.nodes));
+            assert_eq!(slot_for_device("n1", "n2", "gpu-0", instances), None);
+        }
+        assert_eq!(
+            pool_of("n1", "cam", &inst("cam", 1, &["n1"]).nodes).as_deref(),
+            Some("n1")
+        );
+        assert_eq!(
+            pool_of("n1", "cam", &inst("cam", 1, &["n1", "n2"]).nodes).as_deref(),
+            Some("shared/cam")
+        );
+        assert_eq!(pool_of("n1", "cam", &inst("cam", 1, &["n2"]).nodes), None);
     }
 
     #[test]

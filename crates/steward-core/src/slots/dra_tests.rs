@@ -94,6 +94,37 @@ fn prepare_is_idempotent_and_refuses_another_claim() {
 }
 
 #[test]
+fn a_repeat_of_the_same_prepare_is_recognised_and_changes_nothing() {
+    let mut l = ledger();
+    assert!(!l.is_prepared_as(&slots("c1", &["usb-0", "cam-1"])));
+    prepared(&mut l, "c1", &["usb-0", "cam-1"], 10);
+    assert!(l.is_prepared_as(&slots("c1", &["usb-0", "cam-1"])));
+    assert!(l.is_prepared_as(&slots("c1", &["cam-1", "usb-0", "cam-1"])));
+    // Not the same: another slot set, another claim, other users.
+    assert!(!l.is_prepared_as(&slots("c1", &["usb-0"])));
+    assert!(!l.is_prepared_as(&slots("c1", &["usb-0", "cam-1", "usb-1"])));
+    assert!(!l.is_prepared_as(&slots("c2", &["usb-0", "cam-1"])));
+    let mut other = slots("c1", &["usb-0", "cam-1"]);
+    other[0].1.users.clear();
+    assert!(!l.is_prepared_as(&other));
+    assert!(!l.is_prepared_as(&[]));
+}
+
+#[test]
+fn a_claim_finds_the_slot_it_holds_under_the_device_it_was_allocated() {
+    let mut l = ledger();
+    let mut list = slots("c1", &["cam-1"]);
+    list[0].1.pool = "node-a".into();
+    list[0].1.device = "cam-1".into();
+    let plan = l.prepare(&list, Millis(10)).unwrap();
+    assert_eq!(l.held_as("c1", "node-a", "cam-1"), None, "not durable yet");
+    l.commit(plan.id, Millis(10)).unwrap();
+    assert_eq!(l.held_as("c1", "node-a", "cam-1").as_deref(), Some("cam-1"));
+    assert_eq!(l.held_as("c1", "shared/cam", "cam-1"), None);
+    assert_eq!(l.held_as("c2", "node-a", "cam-1"), None);
+}
+
+#[test]
 fn unprepare_frees_exactly_the_claims_slots_and_unknown_claims_change_nothing() {
     let mut l = ledger();
     prepared(&mut l, "c1", &["usb-0", "cam-1"], 10);

@@ -155,6 +155,41 @@ impl SlotLedger {
             .collect()
     }
 
+    /// Whether `slots` is exactly what their claim already holds, prepared
+    /// and durable, each under the same hold (request, device, users): a
+    /// repeated NodePrepareResources (a kubelet retry) that needs no plan
+    /// and no write. `false` for an empty list, slots of several claims, a
+    /// slot the claim does not hold, a slot it holds that is not listed,
+    /// or a hold that changed.
+    pub fn is_prepared_as(&self, slots: &[(String, ClaimHold)]) -> bool {
+        let Some((_, first)) = slots.first() else {
+            return false;
+        };
+        let uid = first.uid();
+        let listed: BTreeSet<&str> = slots.iter().map(|(s, _)| s.as_str()).collect();
+        let held = self.prepared_for(uid);
+        held.len() == listed.len()
+            && held.iter().all(|s| listed.contains(s.as_str()))
+            && slots.iter().all(|(slot, hold)| {
+                hold.uid() == uid
+                    && self.claims.get(slot).is_some_and(|c| {
+                        c.plan.is_none() && c.dra.as_deref().is_some_and(|h| h == hold)
+                    })
+            })
+    }
+
+    /// The slot the claim with `uid` holds (prepared and durable) as the
+    /// DRA device `device` of `pool`, whatever pool that device is
+    /// published in now: a claim prepared before its Instance moved pool
+    /// keeps its slot.
+    pub fn held_as(&self, uid: &str, pool: &str, device: &str) -> Option<String> {
+        self.claims.iter().find_map(|(slot, c)| {
+            let h = c.dra.as_deref()?;
+            (c.plan.is_none() && h.uid() == uid && h.pool == pool && h.device == device)
+                .then(|| slot.clone())
+        })
+    }
+
     /// Whether the claim with `uid` holds `slot`, prepared and durable (its
     /// plan committed).
     pub fn is_prepared(&self, slot: &str, uid: &str) -> bool {
