@@ -8,7 +8,10 @@
 //! another. A third runtime serves a byte pipe to containerd (no HTTP/2
 //! parsing at all): the floor any user-space proxy pays for the extra hop
 //! on this machine; a fourth, with one blocking OS thread per direction
-//! and no event loop at all, checks that floor. Finally the CPU time the proxy's and the pipe's threads
+//! and no event loop at all, checks that floor. A second proxy, identical
+//! but serving its socket without the `:authority` fix (`authority_fix =
+//! false`), runs on a runtime of its own, so fix on and fix off compare in
+//! the same run. Finally the CPU time the proxies' and the pipe's threads
 //! spend per call is read from `/proc/self/task/*/schedstat`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -231,7 +234,19 @@ fn main() {
         dir.path().join("state"),
     );
     cfg.verify_interval = Duration::ZERO;
+    cfg.authority_fix = true;
+    let mut asis_cfg = cfg.clone();
+    asis_cfg.listen = dir.path().join("proxy-asis.sock");
+    asis_cfg.state_dir = dir.path().join("state-asis");
+    asis_cfg.authority_fix = false;
     let proxy = proxy_runtime.block_on(Proxy::start(cfg)).unwrap();
+    let asis_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("proxy-asis")
+        .enable_all()
+        .build()
+        .unwrap();
+    let asis = asis_runtime.block_on(Proxy::start(asis_cfg)).unwrap();
     let pipe_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("bytepipe")
@@ -296,6 +311,7 @@ fn main() {
     runtime.block_on(async {
         let (mut direct, mut direct_img) = ctd.client().await.unwrap();
         let (mut proxied, mut proxied_img) = cri_client(proxy.socket()).await.unwrap();
+        let (mut asis_client, mut asis_img) = cri_client(asis.socket()).await.unwrap();
         let (mut piped, _) = cri_client(&pipe_sock).await.unwrap();
         let (mut threaded, _) = cri_client(&thread_sock).await.unwrap();
         let (mut h2r, _) = cri_client(&h2_sock).await.unwrap();
@@ -310,6 +326,10 @@ fn main() {
                 .version(cri::VersionRequest::default())
                 .await
                 .unwrap();
+            asis_client
+                .version(cri::VersionRequest::default())
+                .await
+                .unwrap();
             piped.version(cri::VersionRequest::default()).await.unwrap();
             threaded
                 .version(cri::VersionRequest::default())
@@ -317,7 +337,8 @@ fn main() {
                 .unwrap();
             h2r.version(cri::VersionRequest::default()).await.unwrap();
         }
-        let (mut d, mut p, mut f, mut t2, mut hr) = (
+        let (mut d, mut p, mut a, mut f, mut t2, mut hr) = (
+            Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -338,6 +359,12 @@ fn main() {
                 .unwrap();
             p.push(t.elapsed());
             let t = Instant::now();
+            asis_client
+                .version(cri::VersionRequest::default())
+                .await
+                .unwrap();
+            a.push(t.elapsed());
+            let t = Instant::now();
             piped.version(cri::VersionRequest::default()).await.unwrap();
             f.push(t.elapsed());
             let t = Instant::now();
@@ -353,11 +380,13 @@ fn main() {
         report("version-h2relay", d.clone(), hr);
         report("version-bytepipe-floor", d.clone(), f);
         report("version-threadpipe-floor", d.clone(), t2);
+        report("version-authority-fix-off", d.clone(), a);
         report("version", d, p);
 
         let k = if smoke { 20 } else { 2000 };
         for (name, thread, client) in [
             ("proxy", "proxy", &mut proxied),
+            ("proxy-authority-fix-off", "proxy-asis", &mut asis_client),
             ("bytepipe", "bytepipe", &mut piped),
             ("threadpipe", "threadpipe", &mut threaded),
             ("h2relay", "h2relay", &mut h2r),
@@ -377,7 +406,7 @@ fn main() {
         }
 
         let n_img = if smoke { 10 } else { 1000 };
-        let (mut d, mut p) = (Vec::new(), Vec::new());
+        let (mut d, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..n_img {
             let t = Instant::now();
             direct_img
@@ -391,7 +420,14 @@ fn main() {
                 .await
                 .unwrap();
             p.push(t.elapsed());
+            let t = Instant::now();
+            asis_img
+                .list_images(cri::ListImagesRequest::default())
+                .await
+                .unwrap();
+            a.push(t.elapsed());
         }
+        report("list_images-authority-fix-off", d.clone(), a);
         report("list_images", d, p);
 
         let sd = ctd.pod_config("bench-direct", PodNetwork::Host);
@@ -410,6 +446,7 @@ fn main() {
         cleanup_pod(&mut proxied, &sid_p).await.unwrap();
     });
     proxy_runtime.block_on(proxy.shutdown());
+    asis_runtime.block_on(asis.shutdown());
     drop(pipe_runtime);
     drop(ctd);
 }

@@ -53,7 +53,15 @@ pub struct ProxyConfig {
     pub pod_resources_socket: Option<PathBuf>,
     /// Metrics of that server.
     pub pod_resources_metrics: steward_podresources::PodResourcesMetrics,
+    /// Serve the CRI socket through the `:authority` fix, for CRI clients
+    /// built on gRPC C-core (Python grpcio, C++), which h2 otherwise resets.
+    /// kubelet, crictl and containerd's tools (grpc-go) do not need it.
+    pub authority_fix: bool,
 }
+
+/// Whether the CRI socket is served through the `:authority` fix unless
+/// configured otherwise (BENCHMARKS.md, "`:authority` fix").
+pub const AUTHORITY_FIX_DEFAULT: bool = false;
 
 /// Namespace of the ConfigMaps unless configured otherwise.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
@@ -111,6 +119,7 @@ impl ProxyConfig {
             cluster: None,
             pod_resources_socket: None,
             pod_resources_metrics: Default::default(),
+            authority_fix: AUTHORITY_FIX_DEFAULT,
         }
     }
 }

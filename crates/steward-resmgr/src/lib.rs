@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use cluster::ClusterConfig;
-pub use config::{FileConfig, ProxyConfig};
+pub use config::{AUTHORITY_FIX_DEFAULT, FileConfig, ProxyConfig};
 pub use error::ResmgrError;
 pub use metrics::Metrics;
 pub use resmgr::{
@@ -192,7 +192,7 @@ impl Proxy {
             pod_resources = Some((hub, listener, guard));
         }
 
-        let listener = server::bind(&cfg.listen).await?;
+        let listener = server::bind(&cfg.listen, cfg.authority_fix).await?;
         info!(listen = %cfg.listen.display(), runtime = %cfg.runtime.display(), "CRI proxy serving");
         let stop = CancellationToken::new();
         let router = server::Router {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use steward_nodeio::{BindOptions, SocketGuard, UnixIncoming};
+use steward_nodeio::{AuthorityMode, BindOptions, SocketGuard, UnixIncoming};
 use steward_proto::cri::runtime::v1 as cri;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -196,8 +196,8 @@ impl Router {
 /// Mode of the proxy socket: the runtime's own socket's (owner and group).
 pub(crate) const SOCKET_MODE: u32 = 0o660;
 
-/// The bound proxy socket: its connections (each served to any gRPC client,
-/// C-core ones included) and the guard that removes the socket file when
+/// The bound proxy socket: its connections (through the `:authority` fix
+/// for gRPC C-core clients when configured) and the guard that removes the socket file when
 /// serving ends, if it is still ours.
 #[derive(Debug)]
 pub(crate) struct ProxyListener {
@@ -206,8 +206,9 @@ pub(crate) struct ProxyListener {
 }
 
 /// Bind the proxy socket, replacing a stale socket file left by a previous
-/// run (but never a live one or a non-socket).
-pub(crate) async fn bind(path: &Path) -> Result<ProxyListener, ResmgrError> {
+/// run (but never a live one or a non-socket); `authority_fix`: serve it
+/// through the `:authority` fix.
+pub(crate) async fn bind(path: &Path, authority_fix: bool) -> Result<ProxyListener, ResmgrError> {
     let (listener, guard) =
         steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE)).map_err(|e| {
             ResmgrError::Listen {
@@ -216,7 +217,7 @@ pub(crate) async fn bind(path: &Path) -> Result<ProxyListener, ResmgrError> {
             }
         })?;
     Ok(ProxyListener {
-        incoming: UnixIncoming::new(listener),
+        incoming: UnixIncoming::new(listener, AuthorityMode::fix_if(authority_fix)),
         guard,
     })
 }

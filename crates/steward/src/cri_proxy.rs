@@ -51,6 +51,12 @@ pub struct CriProxyArgs {
     /// The agent follows it (its --cri-pod-resources-socket) to show the whole node.
     #[arg(long)]
     pod_resources_socket: Option<PathBuf>,
+    /// Serve the CRI socket through the `:authority` fix (`--authority-fix=true`),
+    /// for CRI clients built on gRPC C-core (Python grpcio, C++), which send the
+    /// socket path as `:authority` and are otherwise reset. kubelet, crictl and
+    /// containerd's tools (grpc-go) do not need it.
+    #[arg(long, default_value_t = steward_resmgr::AUTHORITY_FIX_DEFAULT, action = clap::ArgAction::Set)]
+    authority_fix: bool,
 }
 
 pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
@@ -61,6 +67,7 @@ pub async fn run(args: CriProxyArgs) -> anyhow::Result<()> {
     cfg.cgroup_root = args.cgroup_root;
     cfg.verify_interval = args.verify_interval;
     cfg.pod_resources_socket = args.pod_resources_socket;
+    cfg.authority_fix = args.authority_fix;
     if let (true, Some(node)) = (args.cluster, args.node_name) {
         let client = kube::Client::try_default()
             .await

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use steward_nodeio::backoff::Backoff;
-use steward_nodeio::{BindOptions, FileIdentity, SocketGuard, UnixIncoming};
+use steward_nodeio::{AuthorityMode, BindOptions, FileIdentity, SocketGuard, UnixIncoming};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -265,7 +265,10 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
-                .serve_with_incoming_shutdown(UnixIncoming::with_authority_fix(listener), shutdown)
+                .serve_with_incoming_shutdown(
+                    UnixIncoming::new(listener, AuthorityMode::AsSent),
+                    shutdown,
+                )
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "device plugin server failed");
