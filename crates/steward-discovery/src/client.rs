@@ -1,7 +1,5 @@
 //! Agent side of the v0 `DiscoveryHandler` service.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,11 +19,10 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub struct ClientOptions {
     /// Limit for establishing the connection to the handler.
     pub connect_timeout: Duration,
-    /// How long `Discover` waits for the handler to answer the call (its
-    /// response headers) before counting the stream as open anyway. A tonic
-    /// handler (Akri's, steward's) answers at once; a gRPC C-core server
-    /// holds its headers back until its first device list, which may never
-    /// come while nothing matches. Never a reason to drop the stream.
+    /// Limit for the handler to answer the `Discover` call (its response
+    /// headers; a tonic handler, as Akri's and steward's are, answers at
+    /// once). Never a limit on the first device list: a handler may send
+    /// none while nothing matches.
     pub open_timeout: Duration,
 }
 
@@ -33,7 +30,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(5),
-            open_timeout: Duration::from_secs(5),
+            open_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -41,16 +38,16 @@ impl Default for ClientOptions {
 /// Agent side: connects to a DH (UDS or network), calls Discover, maps proto
 /// devices to core Devices.
 ///
-/// Returns once the stream is open: the handler answered the call, or the
-/// connection is up and it has not refused the call within `open_timeout`.
-/// It does not wait for a device list: a handler sends none while nothing
-/// matches (Akri's udev handler), and an empty world is a valid answer that
-/// may never be sent. Errors: [`DiscoveryError::Connect`] (cannot reach the
-/// handler), [`DiscoveryError::InvalidDetails`] (the handler refused the
-/// details with `INVALID_ARGUMENT`), [`DiscoveryError::Handler`] (the
-/// handler reported its own failure), [`DiscoveryError::Stream`] (broken or
-/// undecodable stream). The same errors come as stream items when they
-/// arrive after the stream counted as open; the stream ends after its first
+/// Returns once the stream is open: the handler answered the call. It does
+/// not wait for a device list: a handler sends none while nothing matches
+/// (Akri's udev handler), and an empty world is a valid answer that may
+/// never be sent. A handler that does not answer the call within
+/// `open_timeout` gives [`DiscoveryError::Timeout`]. Errors:
+/// [`DiscoveryError::Connect`] (cannot reach the handler),
+/// [`DiscoveryError::InvalidDetails`] (the handler refused the details with
+/// `INVALID_ARGUMENT`), [`DiscoveryError::Handler`] (the handler reported its
+/// own failure), [`DiscoveryError::Stream`] (broken or undecodable stream).
+/// Stream items carry the same errors; the stream ends after its first
 /// error, or when the handler closes it. Devices are passed through
 /// unvalidated.
 pub async fn discover(
@@ -60,80 +57,49 @@ pub async fn discover(
 ) -> Result<DeviceStream, DiscoveryError> {
     let channel = uds::connect(endpoint, opts.connect_timeout).await?;
     let where_ = describe(endpoint);
-    let client = DiscoveryHandlerClient::new(channel)
+    let mut client = DiscoveryHandlerClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let wire_req = request_to_proto(&req);
-    let mut call: Opening = {
-        let mut client = client.clone();
-        Box::pin(async move {
-            client
-                .discover(wire_req)
-                .await
-                .map(tonic::Response::into_inner)
-        })
-    };
-    let phase = match tokio::time::timeout(opts.open_timeout, &mut call).await {
-        Ok(Ok(stream)) => {
-            tracing::debug!(endpoint = %where_, "discovery stream open");
-            Phase::Open(Box::new(stream))
+    let stream = match tokio::time::timeout(opts.open_timeout, client.discover(wire_req)).await {
+        Err(_) => {
+            return Err(DiscoveryError::Timeout(format!(
+                "{where_} did not answer the Discover call within {:?}",
+                opts.open_timeout
+            )));
         }
         Ok(Err(status)) => return Err(map_status(&where_, status)),
-        Err(_) => {
-            tracing::debug!(endpoint = %where_, timeout = ?opts.open_timeout, "discovery handler has not answered the call yet; counting the stream as open");
-            Phase::Opening(call)
-        }
+        Ok(Ok(response)) => response.into_inner(),
     };
+    tracing::debug!(endpoint = %where_, "discovery stream open");
     let state = Rest {
         client: Some(client),
-        phase,
+        stream,
         where_,
     };
     Ok(futures::stream::unfold(state, |mut st| async move {
         st.client.as_ref()?;
-        loop {
-            let next = match &mut st.phase {
-                Phase::Opening(call) => match call.await {
-                    Ok(stream) => {
-                        st.phase = Phase::Open(Box::new(stream));
-                        continue;
-                    }
-                    Err(status) => Err(status),
-                },
-                Phase::Open(stream) => stream.message().await,
-            };
-            return match next {
-                Ok(Some(msg)) => Some((Ok(to_devices(msg)), st)),
-                Ok(None) => {
-                    tracing::debug!(endpoint = %st.where_, "discovery handler closed the stream");
-                    None
-                }
-                Err(status) => {
-                    let err = map_status(&st.where_, status);
-                    tracing::warn!(error = %err, "discovery stream ended with an error");
-                    st.client = None;
-                    Some((Err(err), st))
-                }
-            };
+        match st.stream.message().await {
+            Ok(Some(msg)) => Some((Ok(to_devices(msg)), st)),
+            Ok(None) => {
+                tracing::debug!(endpoint = %st.where_, "discovery handler closed the stream");
+                None
+            }
+            Err(status) => {
+                let err = map_status(&st.where_, status);
+                tracing::warn!(error = %err, "discovery stream ended with an error");
+                st.client = None;
+                Some((Err(err), st))
+            }
         }
     })
     .boxed())
 }
 
-type Opening = Pin<
-    Box<dyn Future<Output = Result<Streaming<proto::DiscoverResponse>, Status>> + Send + 'static>,
->;
-
-enum Phase {
-    /// The call is in flight: the handler has not answered it yet.
-    Opening(Opening),
-    Open(Box<Streaming<proto::DiscoverResponse>>),
-}
-
 struct Rest {
     /// Held so the channel outlives the stream; `None` once an error was yielded.
     client: Option<DiscoveryHandlerClient<Channel>>,
-    phase: Phase,
+    stream: Streaming<proto::DiscoverResponse>,
     where_: String,
 }
 
