@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod discovery;
 pub mod dra;
 pub mod ledger;
+pub mod quantity;
 pub mod reservation;
 pub mod slots;
 

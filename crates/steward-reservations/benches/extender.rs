@@ -172,14 +172,16 @@ async fn filter_latency(nodes: usize, pods: usize) {
             (polling, format!("p{i}"), &mut poll),
         ] {
             let p = pod(&s.api, &name, Some("steward.dev/cam")).await;
-            let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
+            let body =
+                serde_json::to_vec(&json!({"Pod": p, "Nodes": null, "NodeNames": names})).unwrap();
             let t = Instant::now();
             let r = http(addr, "/filter", &body).await;
             out.push(t.elapsed());
-            assert_eq!(r["nodenames"].as_array().map(Vec::len), Some(1), "{r}");
+            assert_eq!(r["NodeNames"].as_array().map(Vec::len), Some(1), "{r}");
         }
         let q = pod(&s.api, &format!("q{i}"), None).await;
-        let body = serde_json::to_vec(&json!({"pod": q, "nodenames": names})).unwrap();
+        let body =
+            serde_json::to_vec(&json!({"Pod": q, "Nodes": null, "NodeNames": names})).unwrap();
         let t = Instant::now();
         let _ = http(watching, "/filter", &body).await;
         floor.push(t.elapsed());
@@ -249,9 +251,11 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
                 if Instant::now() >= deadline {
                     break;
                 }
-                let body = serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap();
+                let body =
+                    serde_json::to_vec(&json!({"Pod": p, "Nodes": null, "NodeNames": names}))
+                        .unwrap();
                 let r = http(addr, "/filter", &body).await;
-                if let Some(node) = r["nodenames"]
+                if let Some(node) = r["NodeNames"]
                     .as_array()
                     .and_then(|a| a.first())
                     .and_then(Value::as_str)

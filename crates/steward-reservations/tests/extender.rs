@@ -41,6 +41,17 @@ async fn stand(capacity: u32) -> Stand {
 /// [`stand`] with Node annotations in place before the controller starts
 /// (its first list sees them: no race with a later patch).
 async fn stand_with(capacity: u32, annotations: &[(&str, &str, String)]) -> Stand {
+    stand_opts(capacity, annotations, true, ExtenderConfig::default()).await
+}
+
+/// [`stand_with`], with or without the controller, and the extender's
+/// configuration.
+async fn stand_opts(
+    capacity: u32,
+    annotations: &[(&str, &str, String)],
+    controller: bool,
+    ext_cfg: ExtenderConfig,
+) -> Stand {
     let api = ApiServer::start().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(api.client());
     for crd in steward_api::crds() {
@@ -85,10 +96,12 @@ async fn stand_with(capacity: u32, annotations: &[(&str, &str, String)]) -> Stan
     let mut cfg = ControllerConfig::new("steward-system", "c1");
     cfg.resync = Duration::from_millis(100);
     cfg.lease.retry_period = Duration::from_millis(100);
-    tokio::spawn(run(api.client(), cfg, stop.clone()));
+    if controller {
+        tokio::spawn(run(api.client(), cfg, stop.clone()));
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let ext = Arc::new(Extender::new(api.client(), ExtenderConfig::default()));
+    let ext = Arc::new(Extender::new(api.client(), ext_cfg));
     tokio::spawn(server::serve(listener, ext, stop.clone()));
     Stand { api, addr, stop }
 }
@@ -124,7 +137,8 @@ async fn pending_pod(api: &ApiServer, name: &str, cams: u32) -> Pod {
 }
 
 async fn filter(addr: SocketAddr, pod: &Pod, nodes: &[&str]) -> Value {
-    let args = json!({"pod": pod, "nodenames": nodes});
+    // Go's field names (ExtenderArgs has no json tags).
+    let args = json!({"Pod": pod, "Nodes": null, "NodeNames": nodes});
     let (status, body) = http(addr, "POST", "/filter", &serde_json::to_vec(&args).unwrap()).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     serde_json::from_slice(&body).unwrap()
@@ -148,20 +162,20 @@ async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
         let started = std::time::Instant::now();
         let r = filter(s.addr, &pod, &["n1", "n2", "n3", "n4"]).await;
         eprintln!("Filter of {name} answered in {:?}", started.elapsed());
-        let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+        let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
         assert_eq!(nodes.len(), 1, "{r}");
         let node = nodes[0].clone();
         assert!(["n1", "n2", "n3"].contains(&node.as_str()), "{r}");
         // Every other candidate is told where the slots are held.
         assert!(
-            r["failedNodes"]["n4"]
+            r["FailedNodes"]["n4"]
                 .as_str()
                 .unwrap_or_default()
                 .contains(&format!("reserved on {node}")),
             "{r}"
         );
         // Prioritize puts the reserved node first.
-        let args = json!({"pod": pod, "nodenames": ["n1", "n2", "n3"]});
+        let args = json!({"Pod": pod, "Nodes": null, "NodeNames": ["n1", "n2", "n3"]});
         let (st, body) = http(
             s.addr,
             "POST",
@@ -172,8 +186,8 @@ async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
         assert_eq!(st, 200);
         let scores: Vec<Value> = serde_json::from_slice(&body).unwrap();
         for h in &scores {
-            let want = if h["host"] == node.as_str() { 10 } else { 0 };
-            assert_eq!(h["score"], want, "{scores:?}");
+            let want = if h["Host"] == node.as_str() { 10 } else { 0 };
+            assert_eq!(h["Score"], want, "{scores:?}");
         }
         bind(&s.api, name, &node).await;
         chosen.push(node);
@@ -181,18 +195,18 @@ async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
     // The scheduler believes 6 slots exist (2 per node); only 2 do.
     let p3 = pending_pod(&s.api, "p3", 1).await;
     let r = filter(s.addr, &p3, &["n1", "n2", "n3", "n4"]).await;
-    let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+    let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
     assert!(nodes.is_empty(), "{r}");
     // n4 does not see the device: no preemption can change that.
     assert!(
-        r["failedAndUnresolvableNodes"]["n4"]
+        r["FailedAndUnresolvableNodes"]["n4"]
             .as_str()
             .unwrap_or_default()
             .contains("not seen by n4"),
         "{r}"
     );
     for n in ["n1", "n2", "n3"] {
-        let why = r["failedNodes"][n]
+        let why = r["FailedNodes"][n]
             .as_str()
             .unwrap_or_else(|| panic!("{r}"));
         assert!(why.contains("0 of 2 slots free"), "{n}: {why}");
@@ -205,7 +219,7 @@ async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let placed = loop {
         let r = filter(s.addr, &p3, &["n1", "n2", "n3"]).await;
-        let nodes: Vec<String> = serde_json::from_value(r["nodenames"].clone()).unwrap();
+        let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
         if let Some(n) = nodes.first() {
             break n.clone();
         }
@@ -246,9 +260,9 @@ async fn whole_node_objects_come_back_filtered_and_other_pods_pass_untouched() {
     .await;
     assert_eq!(status, 200);
     let r: Value = serde_json::from_slice(&body).unwrap();
-    let items = r["nodes"]["items"].as_array().unwrap();
+    let items = r["Nodes"]["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{r}");
-    assert!(r.get("nodenames").is_none(), "{r}");
+    assert!(r.get("NodeNames").is_none(), "{r}");
     // A pod asking for no steward resource is not steward's business.
     let plain: Pod = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": NS, "uid": "u-web"},
@@ -256,7 +270,7 @@ async fn whole_node_objects_come_back_filtered_and_other_pods_pass_untouched() {
     }))
     .unwrap();
     let r = filter(s.addr, &plain, &["n1", "n4"]).await;
-    assert_eq!(r["nodenames"], json!(["n1", "n4"]));
+    assert_eq!(r["NodeNames"], json!(["n1", "n4"]));
     assert!(
         Api::<Reservation>::namespaced(s.api.client(), NS)
             .get_opt("web")
@@ -295,7 +309,7 @@ async fn bad_requests_get_clear_http_errors() {
     assert_eq!(st, 200);
     let r: Value = serde_json::from_slice(&body).unwrap();
     assert!(
-        r["error"]
+        r["Error"]
             .as_str()
             .unwrap()
             .contains("no name, namespace or uid"),
@@ -360,8 +374,8 @@ async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus(
         .await
         .unwrap();
     let r = filter(s.addr, &big, &["n1", "n2", "n3"]).await;
-    assert_eq!(r["nodenames"], json!([]), "{r}");
-    let failed = &r["failedNodes"];
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    let failed = &r["FailedNodes"];
     assert!(
         failed["n1"]
             .as_str()
@@ -373,7 +387,7 @@ async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus(
                 .contains("at most 4 free on any"),
         "{r}"
     );
-    let unresolvable = &r["failedAndUnresolvableNodes"];
+    let unresolvable = &r["FailedAndUnresolvableNodes"];
     let n3 = failed["n3"]
         .as_str()
         .or(unresolvable["n3"].as_str())
@@ -385,9 +399,9 @@ async fn filter_keeps_only_nodes_with_a_numa_node_that_holds_the_exclusive_cpus(
         .await
         .unwrap();
     let r = filter(s.addr, &pod, &["n1", "n2", "n3"]).await;
-    assert_eq!(r["nodenames"], json!(["n2"]), "{r}");
+    assert_eq!(r["NodeNames"], json!(["n2"]), "{r}");
     assert!(
-        r["failedNodes"]["n1"]
+        r["FailedNodes"]["n1"]
             .as_str()
             .unwrap_or("")
             .contains("reserved on n2"),
@@ -408,7 +422,7 @@ async fn reserve_and_unreserve_follow_the_scheduler_framework() {
     let pod = pending_pod(&s.api, "p1", 1).await;
     let uid = pod.metadata.uid.clone().unwrap();
     let r = filter(s.addr, &pod, &["n1", "n2"]).await;
-    let node = r["nodenames"][0].as_str().unwrap().to_owned();
+    let node = r["NodeNames"][0].as_str().unwrap().to_owned();
     let other = if node == "n1" { "n2" } else { "n1" };
     let verb = |path: &'static str, body: Value| {
         let addr = s.addr;
@@ -511,4 +525,299 @@ async fn reserve_and_unreserve_follow_the_scheduler_framework() {
     let (st, m) = verb("/unreserve", json!({"pod": "p1"})).await;
     assert_eq!(st, 400, "{m}");
     assert!(m.contains("unknown field"), "{m}");
+}
+
+// ---- The wire as Go writes it (fixtures: tests/fixtures/kube-scheduler) ----
+
+/// A request body of `tests/fixtures/kube-scheduler/`, as Go wrote it.
+fn fixture(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kube-scheduler")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Creates the fixture's pod in the stand-in (without the server-set
+/// fields) and returns the fixture's bytes with the pod's real uid.
+async fn go_args(api: &ApiServer, name: &str) -> (Pod, String) {
+    let text = fixture(name);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let mut pod = v["Pod"].clone();
+    let fixture_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    for k in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        pod["metadata"].as_object_mut().unwrap().remove(k);
+    }
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let pod = Api::<Pod>::namespaced(api.client(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    (pod, text.replace(&fixture_uid, &uid))
+}
+
+/// The keys Go's `ExtenderFilterResult` has (no json tags): anything else
+/// would be dropped by kube-scheduler's decoder.
+fn assert_go_filter_result(r: &Value) {
+    for k in r.as_object().unwrap().keys() {
+        assert!(
+            [
+                "Nodes",
+                "NodeNames",
+                "FailedNodes",
+                "FailedAndUnresolvableNodes",
+                "Error"
+            ]
+            .contains(&k.as_str()),
+            "{k} is not a field of ExtenderFilterResult: {r}"
+        );
+    }
+}
+
+async fn post(addr: SocketAddr, path: &str, body: &str) -> Value {
+    let (status, out) = http(addr, "POST", path, body.as_bytes()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    serde_json::from_slice(&out).unwrap()
+}
+
+#[tokio::test]
+async fn go_written_args_are_read_and_answered_with_go_names() {
+    let s = stand(2).await;
+    let (_, body) = go_args(&s.api, "args-nodenames.json").await;
+    let r = post(s.addr, "/filter", &body).await;
+    assert_go_filter_result(&r);
+    assert_eq!(r["Error"], Value::Null, "{r}");
+    let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+    assert_eq!(nodes.len(), 1, "{r}");
+    let node = nodes[0].clone();
+    assert!(
+        r["FailedNodes"]["n4"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("reserved on {node}")),
+        "{r}"
+    );
+    let res = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("cam-1")
+        .await
+        .unwrap();
+    assert_eq!(res.spec.slots, BTreeMap::from([("cam".to_owned(), 1)]));
+    // Prioritize with the same bytes: HostPriorityList with Go's names.
+    let scores = post(s.addr, "/prioritize", &body).await;
+    let scores = scores.as_array().unwrap();
+    assert_eq!(scores.len(), 4, "{scores:?}");
+    for h in scores {
+        let keys: Vec<&String> = h.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["Host", "Score"], "{h}");
+        let want = if h["Host"] == node.as_str() { 10 } else { 0 };
+        assert_eq!(h["Score"], want, "{scores:?}");
+    }
+    // Go reads keys case-insensitively: so do we.
+    let lower = body
+        .replacen("{\"Pod\":", "{\"pod\":", 1)
+        .replace("\"NodeNames\":", "\"nodenames\":");
+    let r = post(s.addr, "/filter", &lower).await;
+    assert_eq!(r["NodeNames"], json!([node]), "{r}");
+}
+
+#[tokio::test]
+async fn go_written_node_objects_come_back_as_a_node_list() {
+    let s = stand(2).await;
+    let (_, body) = go_args(&s.api, "args-nodes.json").await;
+    let r = post(s.addr, "/filter", &body).await;
+    assert_go_filter_result(&r);
+    assert!(r.get("NodeNames").is_none(), "{r}");
+    let items = r["Nodes"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{r}");
+    let name = items[0]["metadata"]["name"].as_str().unwrap();
+    assert!(["n1", "n2"].contains(&name), "{r}");
+    // The Node comes back as it came (Go's tags, quantities untouched).
+    assert_eq!(
+        items[0]["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"],
+        10250
+    );
+    assert_eq!(items[0]["status"]["allocatable"]["cpu"], "3900m");
+}
+
+#[tokio::test]
+async fn quantities_in_the_forms_go_writes_are_read() {
+    let s = stand(2).await;
+    let (_, body) = go_args(&s.api, "args-quantities.json").await;
+    let r = post(s.addr, "/filter", &body).await;
+    assert_go_filter_result(&r);
+    let res = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get_opt("qty")
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no Reservation for a pod asking 1k slots: {r}"));
+    assert_eq!(res.spec.slots, BTreeMap::from([("cam".to_owned(), 1000)]));
+    assert_eq!(res.spec.exclusive_cpus, 1000);
+    assert_eq!(r["NodeNames"], json!([]), "1000 slots fit nowhere: {r}");
+}
+
+#[tokio::test]
+async fn asks_beyond_what_a_reservation_holds_fail_the_nodes_with_the_reason() {
+    let s = stand(2).await;
+    let (_, body) = go_args(&s.api, "args-too-many-cpus.json").await;
+    let r = post(s.addr, "/filter", &body).await;
+    assert_go_filter_result(&r);
+    assert_eq!(r["Error"], Value::Null, "an Error is retried forever: {r}");
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    for n in ["n1", "n2"] {
+        let why = r["FailedAndUnresolvableNodes"][n]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            why.contains("5000 exclusive CPUs") && why.contains("1024"),
+            "{r}"
+        );
+    }
+    // 10,000 candidates: the Reservation holds at most 5,000; the first
+    // 5,000 are asked, the rest fail for now.
+    let (_, body) = go_args(&s.api, "args-nodenames.json").await;
+    let mut names: Vec<String> = vec!["n1".into(), "n2".into(), "n3".into()];
+    names.extend((3..10_000).map(|i| format!("x{i:05}")));
+    let list = names
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let body = body.replace(
+        "\"NodeNames\":[\"n1\",\"n2\",\"n3\",\"n4\"]",
+        &format!("\"NodeNames\":[{list}]"),
+    );
+    let r = post(s.addr, "/filter", &body).await;
+    assert_eq!(r["Error"], Value::Null, "{}", r["Error"]);
+    let passed: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+    assert_eq!(passed.len(), 1);
+    assert!(["n1", "n2", "n3"].contains(&passed[0].as_str()));
+    let failed = r["FailedNodes"].as_object().map_or(0, |m| m.len())
+        + r["FailedAndUnresolvableNodes"]
+            .as_object()
+            .map_or(0, |m| m.len());
+    assert_eq!(failed, 9_999);
+    assert!(
+        r["FailedNodes"]["x09999"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("at most 5000 candidate nodes"),
+        "{}",
+        r["FailedNodes"]["x09999"]
+    );
+}
+
+#[tokio::test]
+async fn a_reserved_pod_filtered_without_its_node_is_answered_only_with_nodes_it_sent() {
+    // One slot shared by n1..n3: reserved on n1 first.
+    let s = stand(1).await;
+    let (_, body) = go_args(&s.api, "args-nodenames.json").await;
+    let only_n1 = body.replace(
+        "\"NodeNames\":[\"n1\",\"n2\",\"n3\",\"n4\"]",
+        "\"NodeNames\":[\"n1\"]",
+    );
+    let r = post(s.addr, "/filter", &only_n1).await;
+    assert_eq!(r["NodeNames"], json!(["n1"]), "{r}");
+    // The bind failed; n1 is no longer feasible for the scheduler.
+    let others = body.replace(
+        "\"NodeNames\":[\"n1\",\"n2\",\"n3\",\"n4\"]",
+        "\"NodeNames\":[\"n2\",\"n3\"]",
+    );
+    let r = post(s.addr, "/filter", &others).await;
+    assert_go_filter_result(&r);
+    let passed: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+    assert!(
+        passed.iter().all(|n| n == "n2" || n == "n3"),
+        "answered a node it was not sent: {r}"
+    );
+    // The reservation moves: n1's slot is released and the pod is
+    // reserved on a node it can go to now.
+    assert_eq!(passed, ["n2"], "{r}");
+    let res = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("cam-1")
+        .await
+        .unwrap();
+    let st = res.status.unwrap();
+    assert_eq!(
+        (st.phase.as_str(), st.node.as_deref()),
+        ("Reserved", Some("n2"))
+    );
+}
+
+#[tokio::test]
+async fn renewing_compares_candidates_as_a_set_and_survives_write_races() {
+    // No controller: the Reservation stays undecided and every Filter
+    // renews it.
+    let cfg = ExtenderConfig {
+        decision_timeout: Duration::from_millis(200),
+        poll: Duration::from_millis(50),
+        shared_watch: true,
+    };
+    let s = stand_opts(1, &[], false, cfg).await;
+    let (_, body) = go_args(&s.api, "args-nodenames.json").await;
+    let api = Api::<Reservation>::namespaced(s.api.client(), NS);
+    let r = post(s.addr, "/filter", &body).await;
+    assert_eq!(r["Error"], Value::Null, "{r}");
+    let first = api.get("cam-1").await.unwrap();
+    // kube-scheduler reorders the candidates every cycle: no rewrite.
+    let reordered = body.replace(
+        "\"NodeNames\":[\"n1\",\"n2\",\"n3\",\"n4\"]",
+        "\"NodeNames\":[\"n3\",\"n1\",\"n4\",\"n2\"]",
+    );
+    let r = post(s.addr, "/filter", &reordered).await;
+    assert_eq!(r["Error"], Value::Null, "{r}");
+    let again = api.get("cam-1").await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version, first.metadata.resource_version,
+        "a reordered candidate list rewrote the Reservation"
+    );
+    // Someone else keeps writing the object (the controller's status, a
+    // label): a renewal that loses the race retries instead of answering
+    // an Error.
+    let writer = {
+        let api = api.clone();
+        let stop = s.stop.clone();
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.is_cancelled() {
+                i += 1;
+                let patch = json!({"metadata": {"labels": {"touch": i.to_string()}}});
+                let _ = api
+                    .patch(
+                        "cam-1",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+                // Paced, not synchronising: a write every few ms.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let sets = [
+        "\"NodeNames\":[\"n1\",\"n2\"]",
+        "\"NodeNames\":[\"n2\",\"n3\"]",
+    ];
+    let mut errors = Vec::new();
+    for i in 0..30 {
+        let b = body.replace("\"NodeNames\":[\"n1\",\"n2\",\"n3\",\"n4\"]", sets[i % 2]);
+        let r = post(s.addr, "/filter", &b).await;
+        if r["Error"] != Value::Null {
+            errors.push(r["Error"].clone());
+        }
+    }
+    writer.abort();
+    assert!(
+        errors.is_empty(),
+        "{} of 30 renewals answered an Error: {errors:?}",
+        errors.len()
+    );
+    let last = api.get("cam-1").await.unwrap();
+    let mut c = last.spec.candidates.clone();
+    c.sort();
+    assert_eq!(c, ["n2", "n3"]);
 }

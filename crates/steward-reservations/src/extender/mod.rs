@@ -28,7 +28,7 @@ mod seen;
 pub mod server;
 pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,12 +37,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use steward_api::{PodRef, Reservation, ReservationSpec};
+use steward_core::quantity::{QuantityError, parse_count};
 use steward_core::reservation::{EXCLUSIVE_CPUS_RESOURCE, reservation_name};
 use tokio_util::task::AbortOnDropHandle;
 
 use self::seen::Seen;
 
-pub use wire::{ExtenderArgs, ExtenderFilterResult, HostPriority, MAX_EXTENDER_PRIORITY};
+pub use wire::{
+    ExtenderArgs, ExtenderFilterResult, FailedNodesMap, HostPriority, MAX_EXTENDER_PRIORITY,
+};
 
 /// The extended-resource prefix of steward's device plugins.
 pub const RESOURCE_PREFIX: &str = "steward.dev/";
@@ -83,11 +86,81 @@ pub struct Extender {
     _watch: Option<Arc<AbortOnDropHandle<()>>>,
 }
 
+/// The most slots of one Instance a Reservation holds (the CRD's bound).
+pub const MAX_SLOTS_PER_INSTANCE: u32 = 1024;
+/// The most exclusive CPUs a Reservation holds (the CRD's bound).
+pub const MAX_EXCLUSIVE_CPUS: u32 = 1024;
+/// The most candidate nodes a Reservation names (the CRD's bound).
+pub const MAX_CANDIDATES: usize = 5000;
+/// How often Filter writes the pod's Reservation again after losing a
+/// write race (409) before answering an error.
+const WRITE_ATTEMPTS: usize = 8;
+
+/// What a pod asks steward for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodAsks {
+    /// Slots per Instance ([`slot_request`]).
+    pub slots: BTreeMap<String, u32>,
+    /// Exclusive CPUs on one NUMA node ([`cpu_request`]).
+    pub cpus: u32,
+}
+
+impl PodAsks {
+    /// Asks for nothing steward manages.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.cpus == 0
+    }
+
+    /// Why no Reservation can hold this ask (no node can take the pod,
+    /// whatever is preempted), if so.
+    pub fn beyond_bounds(&self) -> Option<String> {
+        if self.cpus > MAX_EXCLUSIVE_CPUS {
+            return Some(format!(
+                "{} exclusive CPUs asked; a reservation holds at most {MAX_EXCLUSIVE_CPUS}",
+                self.cpus
+            ));
+        }
+        self.slots
+            .iter()
+            .find(|(_, n)| **n > MAX_SLOTS_PER_INSTANCE)
+            .map(|(instance, n)| {
+                format!(
+                    "{n} slots of {instance} asked; a reservation holds at most {MAX_SLOTS_PER_INSTANCE} of one Instance"
+                )
+            })
+    }
+}
+
+/// A resource quantity of the pod that is not a whole number of slots or
+/// CPUs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("container {container}: {resource}: {source}")]
+pub struct AskError {
+    pub container: String,
+    pub resource: String,
+    #[source]
+    pub source: QuantityError,
+}
+
+/// What the pod asks steward for, every quantity read by
+/// [`steward_core::quantity::parse_count`] (`"2"`, `"1k"`, `"1e3"`).
+pub fn pod_asks(pod: &Pod) -> Result<PodAsks, AskError> {
+    Ok(PodAsks {
+        slots: summed(pod, |k| k.strip_prefix(RESOURCE_PREFIX).map(str::to_owned))?,
+        cpus: summed(pod, |k| (k == EXCLUSIVE_CPUS_RESOURCE).then(String::new))?
+            .into_values()
+            .next()
+            .unwrap_or(0),
+    })
+}
+
 /// Slots per Instance a pod asks for: the `steward.dev/<instance>` limits
 /// (else requests) of its containers added up; an init container runs
-/// before them, so each resource needs the larger of the two.
+/// before them, so each resource needs the larger of the two. A quantity
+/// that is not a whole number is left out here; Filter refuses it
+/// ([`pod_asks`]).
 pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
-    summed(pod, |k| k.strip_prefix(RESOURCE_PREFIX).map(str::to_owned))
+    summed_lenient(pod, |k| k.strip_prefix(RESOURCE_PREFIX).map(str::to_owned))
 }
 
 /// Exclusive CPUs a pod asks to have reserved on one NUMA node: its
@@ -96,39 +169,55 @@ pub fn slot_request(pod: &Pod) -> BTreeMap<String, u32> {
 /// `cpu` request, which is what the node's resource manager pins): a
 /// Guaranteed pod that does not ask is not held to NUMA fit.
 pub fn cpu_request(pod: &Pod) -> u32 {
-    summed(pod, |k| (k == EXCLUSIVE_CPUS_RESOURCE).then(String::new))
+    summed_lenient(pod, |k| (k == EXCLUSIVE_CPUS_RESOURCE).then(String::new))
         .into_values()
         .next()
         .unwrap_or(0)
 }
 
+type Asked = BTreeMap<String, u32>;
+
 /// Per-key totals of a pod's integer resource asks, keys mapped by `key`
-/// (`None`: not counted).
-fn summed(pod: &Pod, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, u32> {
+/// (`None`: not counted); `on_error` decides about a quantity that is not
+/// a whole number (`Err`: stop, `Ok`: leave it out).
+fn summed_with(
+    pod: &Pod,
+    key: impl Fn(&str) -> Option<String>,
+    on_error: impl Fn(AskError) -> Result<(), AskError>,
+) -> Result<Asked, AskError> {
     let Some(spec) = &pod.spec else {
-        return BTreeMap::new();
+        return Ok(BTreeMap::new());
     };
-    let asks = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u32> {
+    let asks = |c: &k8s_openapi::api::core::v1::Container| -> Result<Asked, AskError> {
         let r = c.resources.as_ref();
         let from = r
             .and_then(|r| r.limits.as_ref())
             .or_else(|| r.and_then(|r| r.requests.as_ref()));
-        from.map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| {
-                    let instance = key(k)?;
-                    // Beyond u32: more than any node has, not nothing.
-                    let n = v.0.trim().parse::<u64>().ok()?;
-                    let n = u32::try_from(n).unwrap_or(u32::MAX);
-                    (n > 0).then_some((instance, n))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+        let mut out = BTreeMap::new();
+        for (k, v) in from.into_iter().flatten() {
+            let Some(instance) = key(k) else { continue };
+            let n = match parse_count(&v.0) {
+                Ok(n) => n,
+                Err(source) => {
+                    on_error(AskError {
+                        container: c.name.clone(),
+                        resource: k.clone(),
+                        source,
+                    })?;
+                    continue;
+                }
+            };
+            // Beyond u32: more than any node has, not nothing.
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            if n > 0 {
+                out.insert(instance, n);
+            }
+        }
+        Ok(out)
     };
     let mut total: BTreeMap<String, u32> = BTreeMap::new();
     for c in &spec.containers {
-        for (k, n) in asks(c) {
+        for (k, n) in asks(c)? {
             // Saturating: two containers asking u32::MAX each must read as
             // "more than any node has", not overflow.
             let t = total.entry(k).or_default();
@@ -136,12 +225,20 @@ fn summed(pod: &Pod, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, u
         }
     }
     for c in spec.init_containers.iter().flatten() {
-        for (k, n) in asks(c) {
+        for (k, n) in asks(c)? {
             let t = total.entry(k).or_default();
             *t = (*t).max(n);
         }
     }
-    total
+    Ok(total)
+}
+
+fn summed(pod: &Pod, key: impl Fn(&str) -> Option<String>) -> Result<Asked, AskError> {
+    summed_with(pod, key, Err)
+}
+
+fn summed_lenient(pod: &Pod, key: impl Fn(&str) -> Option<String>) -> Asked {
+    summed_with(pod, key, |_| Ok(())).unwrap_or_default()
 }
 
 /// Why a Filter could not be answered from a decision.
@@ -151,6 +248,33 @@ pub enum FilterError {
     Incomplete(&'static str),
     #[error("reading or writing the pod's Reservation failed")]
     Api(#[from] kube::Error),
+    /// The API server refused the Reservation as written (validation):
+    /// no retry changes that.
+    #[error("the API server refused the pod's Reservation: {0}")]
+    Refused(String),
+}
+
+/// The Reservation object a Filter waits for the decision of: a picture
+/// that still shows an older object (deleted and created anew) or an
+/// older spec (renewed) is not taken for its answer.
+#[derive(Debug, Default)]
+struct Target {
+    uid: Option<String>,
+    generation: Option<i64>,
+}
+
+impl Target {
+    fn of(r: &Reservation) -> Self {
+        Self {
+            uid: r.metadata.uid.clone(),
+            generation: r.metadata.generation,
+        }
+    }
+
+    fn matches(&self, r: &Reservation) -> bool {
+        (self.uid.is_none() || r.metadata.uid == self.uid)
+            && r.metadata.generation >= self.generation
+    }
 }
 
 impl Extender {
@@ -170,57 +294,117 @@ impl Extender {
         }
     }
 
+    /// An extender waiting on `seen` as it is (tests: a picture that lags).
+    #[cfg(test)]
+    fn with_seen(client: kube::Client, cfg: ExtenderConfig, seen: Arc<Seen>) -> Self {
+        Self {
+            client,
+            cfg,
+            seen,
+            _watch: None,
+        }
+    }
+
     /// The API client (Reserve and Unreserve use it as they are).
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
 
-    /// The filter verb.
+    /// The filter verb. Only nodes of the input ever pass.
     pub async fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let candidates = args.candidates();
-        let request = slot_request(&args.pod);
-        let cpus = cpu_request(&args.pod);
-        if request.is_empty() && cpus == 0 {
+        let every = |why: &str| -> FailedNodesMap {
+            candidates
+                .iter()
+                .map(|n| (n.clone(), format!("steward: {why}")))
+                .collect()
+        };
+        let asks = match pod_asks(&args.pod) {
+            Ok(a) => a,
+            // Not a quantity the API server lets through for an extended
+            // resource: no node can take the pod as it is written.
+            Err(e) => return passing(args, &[], BTreeMap::new(), every(&e.to_string())),
+        };
+        if asks.is_empty() {
             return passing(args, &candidates, BTreeMap::new(), BTreeMap::new());
         }
-        match self.decide(&args.pod, request, cpus, &candidates).await {
-            Ok(Some(r)) => answer(args, &candidates, &r),
+        if let Some(why) = asks.beyond_bounds() {
+            return passing(args, &[], BTreeMap::new(), every(&why));
+        }
+        if candidates.is_empty() {
+            return passing(args, &[], BTreeMap::new(), BTreeMap::new());
+        }
+        // A Reservation names at most MAX_CANDIDATES nodes: the first ones
+        // are asked, the rest fail for this cycle (kube-scheduler starts
+        // its node list elsewhere each cycle).
+        let split = candidates.len().min(MAX_CANDIDATES);
+        let (asked, later) = candidates.split_at(split);
+        let mut result = match self.decide(&args.pod, asks, asked).await {
+            Ok(Some(r)) => answer(args, asked, &r),
             Ok(None) => {
                 let why = format!(
-                    "the reservation controller did not decide within {:?}; retrying",
+                    "steward: the reservation controller did not decide within {:?}; retrying",
                     self.cfg.decision_timeout
                 );
-                let failed = candidates
-                    .iter()
-                    .map(|n| (n.clone(), why.clone()))
-                    .collect();
+                let failed = asked.iter().map(|n| (n.clone(), why.clone())).collect();
                 passing(args, &[], failed, BTreeMap::new())
             }
-            Err(e) => ExtenderFilterResult {
-                error: format!("{e}: {}", source_text(&e)),
-                ..ExtenderFilterResult::default()
-            },
+            Err(FilterError::Refused(why)) => {
+                let why = format!("the API server refused the pod's Reservation: {why}");
+                return passing(args, &[], BTreeMap::new(), every(&why));
+            }
+            Err(e) => {
+                return ExtenderFilterResult {
+                    error: format!("{e}: {}", source_text(&e)),
+                    ..ExtenderFilterResult::default()
+                };
+            }
+        };
+        for n in later {
+            result.failed_nodes.insert(
+                n.clone(),
+                format!(
+                    "steward: a reservation names at most {MAX_CANDIDATES} candidate nodes; this one was not considered in this cycle"
+                ),
+            );
         }
+        result
     }
 
     /// The prioritize verb: the reserved node scores highest, the others 0.
     pub async fn prioritize(&self, args: &ExtenderArgs) -> Vec<HostPriority> {
         let candidates = args.candidates();
-        let reserved = match pod_identity(&args.pod) {
-            Some((ns, name, _)) => {
+        let managed = pod_asks(&args.pod).is_ok_and(|a| !a.is_empty());
+        let reserved = match pod_identity(&args.pod).filter(|_| managed) {
+            Some((ns, name, uid)) => {
                 let rname = reservation_name(&ns, &name);
-                // Filter waited for the decision, so the watch has it.
-                let r = match self.seen.get(&ns, &rname) {
-                    Some(r) => Some(r),
+                let reserved_on = |r: &Reservation| -> Option<String> {
+                    (r.spec.pod.uid == uid && answered(r))
+                        .then_some(r.status.as_ref())
+                        .flatten()
+                        .filter(|s| s.phase == "Reserved")
+                        .and_then(|s| s.node.clone())
+                };
+                // The picture answers only when it shows the pod reserved
+                // on a candidate: a replica whose watch lags (it has not
+                // seen the decision yet, or still shows an older one) reads
+                // the object.
+                let cached = self
+                    .seen
+                    .get(&ns, &rname)
+                    .as_ref()
+                    .and_then(reserved_on)
+                    .filter(|n| candidates.contains(n));
+                match cached {
+                    Some(n) => Some(n),
                     None => Api::<Reservation>::namespaced(self.client.clone(), &ns)
                         .get_opt(&rname)
                         .await
                         .ok()
-                        .flatten(),
-                };
-                r.and_then(|r| r.status)
-                    .filter(|s| s.phase == "Reserved")
-                    .and_then(|s| s.node)
+                        .flatten()
+                        .as_ref()
+                        .and_then(reserved_on),
+                }
             }
             None => None,
         };
@@ -242,8 +426,7 @@ impl Extender {
     async fn decide(
         &self,
         pod: &Pod,
-        request: BTreeMap<String, u32>,
-        cpus: u32,
+        asks: PodAsks,
         candidates: &[String],
     ) -> Result<Option<Reservation>, FilterError> {
         let (ns, name, uid) =
@@ -256,74 +439,31 @@ impl Extender {
                 name: name.clone(),
                 uid: uid.clone(),
             },
-            slots: request,
-            exclusive_cpus: cpus,
+            slots: asks.slots,
+            exclusive_cpus: asks.cpus,
             candidates: candidates.to_vec(),
             cancel: None,
         };
         // Subscribed before anything is written: no decision is missed.
         let mut changed = self.seen.subscribe();
-        let mut current = api.get_opt(&rname).await?;
-        if let Some(r) = &current {
-            let phase = r.status.as_ref().map(|s| s.phase.as_str());
-            let stale = r.spec.pod.uid != uid || matches!(phase, Some("Rejected" | "Canceled"));
-            let same_ask =
-                r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
-            let decided_here = phase == Some("Reserved")
-                && same_ask
-                && r.status
-                    .as_ref()
-                    .and_then(|s| s.node.as_deref())
-                    .is_some_and(|n| candidates.iter().any(|c| c == n));
-            if decided_here && answered(r) {
-                return Ok(current);
-            }
-            if stale || !same_ask {
-                // Ask anew: a retry may fit now.
-                let dp = DeleteParams {
-                    preconditions: r.metadata.uid.clone().map(|u| Preconditions {
-                        uid: Some(u),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match api.delete(&rname, &dp).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
+        let mut attempt = 0;
+        let target = loop {
+            attempt += 1;
+            match self.write(&api, &rname, &spec).await {
+                Ok(Written::Answered(r)) => return Ok(Some(*r)),
+                Ok(Written::Wait(target)) => break target,
+                // Lost a write race (the controller's status, another
+                // scheduler): read again and decide again.
+                Err(kube::Error::Api(e)) if e.code == 409 && attempt < WRITE_ATTEMPTS => {
+                    tracing::debug!(reservation = %rname, attempt, "Reservation changed meanwhile; writing again");
                 }
-                current = None;
-            } else if r.spec.candidates != spec.candidates && phase != Some("Reserved") {
-                let mut renewed = r.clone();
-                renewed.spec.candidates = spec.candidates.clone();
-                current = Some(
-                    api.replace(&rname, &PostParams::default(), &renewed)
-                        .await?,
-                );
-            }
-        }
-        if current.is_none() {
-            let mut r = Reservation::new(&rname, spec);
-            r.metadata = ObjectMeta {
-                name: Some(rname.clone()),
-                namespace: Some(ns.clone()),
-                owner_references: Some(vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Pod".into(),
-                    name: name.clone(),
-                    uid: uid.clone(),
-                    ..OwnerReference::default()
-                }]),
-                ..ObjectMeta::default()
-            };
-            match api.create(&PostParams::default(), &r).await {
-                Ok(_) => {}
-                // Another scheduler's Filter created it first: wait for that.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(kube::Error::Api(e)) if e.code == 422 => {
+                    return Err(FilterError::Refused(e.message));
+                }
                 Err(e) => return Err(e.into()),
             }
-        }
-        let decided = |r: &Reservation| r.spec.pod.uid == uid && answered(r);
+        };
+        let decided = |r: &Reservation| r.spec.pod.uid == uid && target.matches(r) && answered(r);
         let deadline = tokio::time::Instant::now() + self.cfg.decision_timeout;
         let mut next_read = tokio::time::Instant::now() + self.cfg.poll;
         loop {
@@ -354,6 +494,90 @@ impl Extender {
             }
         }
     }
+
+    /// One attempt at making the pod's Reservation ask `spec`: already
+    /// answered for these candidates, or written (or left as it is) to be
+    /// waited for.
+    async fn write(
+        &self,
+        api: &Api<Reservation>,
+        rname: &str,
+        spec: &ReservationSpec,
+    ) -> Result<Written, kube::Error> {
+        let wanted: BTreeSet<&str> = spec.candidates.iter().map(String::as_str).collect();
+        if let Some(r) = api.get_opt(rname).await? {
+            let status = r.status.as_ref();
+            let phase = status.map(|s| s.phase.as_str());
+            let stale =
+                r.spec.pod.uid != spec.pod.uid || matches!(phase, Some("Rejected" | "Canceled"));
+            let same_ask =
+                r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
+            let reserved_on = status
+                .filter(|_| phase == Some("Reserved"))
+                .and_then(|s| s.node.as_deref());
+            let here = reserved_on.is_some_and(|n| wanted.contains(n));
+            if here && same_ask && !stale && answered(&r) {
+                return Ok(Written::Answered(Box::new(r)));
+            }
+            // Reserved on a node the scheduler no longer offers (its bind
+            // failed, the node went unschedulable): holding it there only
+            // makes the pod fail every cycle. Released and asked anew
+            // among the nodes it can go to now.
+            let moved = reserved_on.is_some() && !here;
+            if stale || !same_ask || moved {
+                let dp = DeleteParams {
+                    preconditions: r.metadata.uid.clone().map(|u| Preconditions {
+                        uid: Some(u),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(rname, &dp).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            } else {
+                let asked: BTreeSet<&str> = r.spec.candidates.iter().map(String::as_str).collect();
+                // kube-scheduler orders its nodes anew every cycle: the
+                // same set is the same ask, left as it is.
+                if asked == wanted || reserved_on.is_some() {
+                    return Ok(Written::Wait(Target::of(&r)));
+                }
+                let mut renewed = r;
+                renewed.spec.candidates = spec.candidates.clone();
+                let r = api.replace(rname, &PostParams::default(), &renewed).await?;
+                return Ok(Written::Wait(Target::of(&r)));
+            }
+        }
+        let mut r = Reservation::new(rname, spec.clone());
+        r.metadata = ObjectMeta {
+            name: Some(rname.to_owned()),
+            namespace: Some(spec.pod.namespace.clone()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: spec.pod.name.clone(),
+                uid: spec.pod.uid.clone(),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        };
+        match api.create(&PostParams::default(), &r).await {
+            Ok(r) => Ok(Written::Wait(Target::of(&r))),
+            // Another scheduler's Filter created it first: read it and
+            // decide again (409 is retried).
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What one write attempt came to.
+enum Written {
+    /// Already decided for this ask and these candidates.
+    Answered(Box<Reservation>),
+    /// Wait for the controller's answer to this object.
+    Wait(Target),
 }
 
 fn source_text(e: &FilterError) -> String {
@@ -423,7 +647,8 @@ fn per_node_reasons(reason: &str) -> BTreeMap<&str, &str> {
         .collect()
 }
 
-/// A result passing `keep` (in the form the nodes came in).
+/// A result passing `keep` (in the form the nodes came in). Only nodes of
+/// the input pass: kube-scheduler rejects an answer naming any other.
 fn passing(
     args: &ExtenderArgs,
     keep: &[String],
@@ -435,9 +660,7 @@ fn passing(
         failed_and_unresolvable_nodes: unresolvable,
         ..ExtenderFilterResult::default()
     };
-    if args.node_names.is_some() {
-        out.node_names = Some(keep.to_vec());
-    } else if let Some(list) = &args.nodes {
+    if let Some(list) = args.nodes.as_ref().filter(|_| args.node_names.is_none()) {
         let mut list = list.clone();
         list.items.retain(|n| {
             n.metadata
@@ -447,7 +670,8 @@ fn passing(
         });
         out.nodes = Some(list);
     } else {
-        out.node_names = Some(keep.to_vec());
+        let input = args.node_names.as_deref().unwrap_or_default();
+        out.node_names = Some(keep.iter().filter(|k| input.contains(k)).cloned().collect());
     }
     out
 }
@@ -508,6 +732,67 @@ mod tests {
         assert_eq!(
             slot_request(&pod),
             BTreeMap::from([("cam".into(), u32::MAX)])
+        );
+    }
+
+    /// Prioritize on a replica whose picture lags: it still has the
+    /// Reservation as Requested while the API has it Reserved on n2.
+    #[tokio::test]
+    async fn prioritize_reads_past_a_picture_that_lags() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use steward_api::ReservationStatus;
+
+        let server = steward_testing_apiserver::ApiServer::start().await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+        for crd in steward_api::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        let api = Api::<Reservation>::namespaced(server.client(), "default");
+        let spec = ReservationSpec {
+            pod: PodRef {
+                namespace: "default".into(),
+                name: "p".into(),
+                uid: "u1".into(),
+            },
+            slots: BTreeMap::from([("cam".into(), 1)]),
+            exclusive_cpus: 0,
+            candidates: vec!["n1".into(), "n2".into()],
+            cancel: None,
+        };
+        let created = api
+            .create(&PostParams::default(), &Reservation::new("p", spec))
+            .await
+            .unwrap();
+        let mut decided = created.clone();
+        decided.status = Some(ReservationStatus {
+            phase: "Reserved".into(),
+            node: Some("n2".into()),
+            observed_generation: created.metadata.generation,
+            ..ReservationStatus::default()
+        });
+        api.replace_status("p", &PostParams::default(), &decided)
+            .await
+            .unwrap();
+        let seen = Arc::new(Seen::empty());
+        seen.apply(steward_kube::Change::Relisted(vec![created]));
+        let ext = Extender::with_seen(server.client(), ExtenderConfig::default(), seen);
+        let args: ExtenderArgs = serde_json::from_str(
+            r#"{"Pod":{"metadata":{"name":"p","namespace":"default","uid":"u1"},"spec":{"containers":[{"name":"m","resources":{"limits":{"steward.dev/cam":"1"}}}]}},"Nodes":null,"NodeNames":["n1","n2"]}"#,
+        )
+        .unwrap();
+        let scores = ext.prioritize(&args).await;
+        assert_eq!(
+            scores,
+            vec![
+                HostPriority {
+                    host: "n1".into(),
+                    score: 0
+                },
+                HostPriority {
+                    host: "n2".into(),
+                    score: MAX_EXTENDER_PRIORITY
+                },
+            ]
         );
     }
 

@@ -64,7 +64,7 @@ impl Seen {
         self.changed.subscribe()
     }
 
-    fn apply(&self, change: Change<Reservation>) {
+    pub(crate) fn apply(&self, change: Change<Reservation>) {
         let key = |r: &Reservation| (r.namespace().unwrap_or_default(), r.name_any());
         // A Filter waiting on the picture reads the pod, the generation and
         // the status; the candidate list (one name per node, hundreds in a

@@ -3,14 +3,24 @@
 //! `POST /reserve` and `POST /unreserve` for a scheduler plugin
 //! ([`super::reserve`]) and `GET /healthz`. A body that is not `ExtenderArgs` gets 400 with the
 //! parser's reason; other paths 404, other methods 405.
+//!
+//! Memory is bounded, not only each body: request bodies held at once
+//! count against [`MAX_BODY_BYTES_IN_FLIGHT`] (from the Content-Length
+//! before a byte is read, else as they arrive); a request that cannot get
+//! its share within [`BODY_WAIT`] is answered 503 with `Retry-After`. An
+//! accept that fails (out of file descriptors) is retried after a pause
+//! growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts failing
+//! and once when it accepts again.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use hyper::body::{Body, Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::reserve::{self, Answer, PodVerb};
@@ -20,24 +30,69 @@ use super::{Extender, ExtenderArgs};
 /// when not node-cache-capable: 5,000 nodes fit).
 pub const MAX_BODY: usize = 64 << 20;
 
+/// Most request-body bytes held at once across all requests: one largest
+/// body, or many small ones.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 << 20;
+
+/// Longest a request waits for its share of [`MAX_BODY_BYTES_IN_FLIGHT`]
+/// before it is answered 503 (kube-scheduler's `httpTimeout` in
+/// `deploy/scheduler/` is longer).
+pub const BODY_WAIT: Duration = Duration::from_secs(2);
+
+/// First pause after a failed accept; doubled up to [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause between accepts while they fail.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 /// Serves `extender` on `listener` until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, extender: Arc<Extender>, stop: CancellationToken) {
+    let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
+    // While accepting fails: since when, how often, the next pause.
+    let mut failing: Option<(tokio::time::Instant, u64)> = None;
+    let mut pause = ACCEPT_BACKOFF_MIN;
     loop {
-        let (stream, _) = tokio::select! {
+        let accepted = tokio::select! {
             () = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "extender accept failed");
-                    continue;
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                if let Some((since, failures)) = failing.take() {
+                    tracing::info!(
+                        failures,
+                        after = ?since.elapsed(),
+                        "extender accepting connections again"
+                    );
                 }
-            },
+                pause = ACCEPT_BACKOFF_MIN;
+                stream
+            }
+            Err(e) => {
+                match &mut failing {
+                    Some((_, failures)) => *failures += 1,
+                    None => {
+                        tracing::warn!(
+                            error = %e,
+                            "extender cannot accept connections; retrying with backoff (logged again when it recovers)"
+                        );
+                        failing = Some((tokio::time::Instant::now(), 1));
+                    }
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
         };
         let extender = extender.clone();
+        let budget = budget.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let extender = extender.clone();
-                async move { Ok::<_, Infallible>(route(&extender, req).await) }
+                let budget = budget.clone();
+                async move { Ok::<_, Infallible>(route(&extender, &budget, req).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -73,7 +128,63 @@ fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
     }
 }
 
-async fn route(extender: &Extender, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Why a body was not read.
+enum BodyRefused {
+    TooLarge(String),
+    Busy,
+    Failed(String),
+}
+
+/// Reads a request body within the shared budget; the permit holds the
+/// body's share until the request is answered.
+async fn read_body(
+    body: Incoming,
+    budget: &Arc<Semaphore>,
+) -> Result<(Vec<u8>, OwnedSemaphorePermit), BodyRefused> {
+    let too_large = || BodyRefused::TooLarge(format!("the body is larger than {MAX_BODY} bytes"));
+    let deadline = tokio::time::Instant::now() + BODY_WAIT;
+    let share = |n: usize| {
+        let budget = budget.clone();
+        async move {
+            let n = u32::try_from(n).map_err(|_| too_large())?;
+            tokio::time::timeout_at(deadline, budget.acquire_many_owned(n))
+                .await
+                .map_err(|_| BodyRefused::Busy)?
+                .map_err(|_| BodyRefused::Busy)
+        }
+    };
+    let declared = body.size_hint().exact();
+    let mut held = match declared {
+        Some(n) if n > MAX_BODY as u64 => return Err(too_large()),
+        // The whole body's share before a byte is read.
+        Some(n) => share(usize::try_from(n).map_err(|_| too_large())?).await?,
+        None => share(0).await?,
+    };
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyRefused::Failed(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if out.len() + data.len() > MAX_BODY {
+            return Err(too_large());
+        }
+        let room = held.num_permits().saturating_sub(out.len());
+        if data.len() > room {
+            // No length declared: the share grows as the body arrives.
+            held.merge(share(data.len() - room).await?);
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok((out, held))
+}
+
+async fn route(
+    extender: &Extender,
+    budget: &Arc<Semaphore>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let verb = match path.as_str() {
         "/filter" | "/prioritize" | "/reserve" | "/unreserve" => path.clone(),
@@ -88,15 +199,31 @@ async fn route(extender: &Extender, req: Request<Incoming>) -> Response<Full<Byt
             format!("{verb} takes POST\n"),
         );
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
+    let (body, _share) = match read_body(req.into_body(), budget).await {
+        Ok(b) => b,
+        Err(BodyRefused::TooLarge(why)) => {
             return text(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("reading the request body: {e}\n"),
+                format!("reading the request body: {why}\n"),
+            );
+        }
+        Err(BodyRefused::Busy) => {
+            let mut r = text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the extender is reading {MAX_BODY_BYTES_IN_FLIGHT} bytes of other requests; retry\n"
+                ),
+            );
+            r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            return r;
+        }
+        Err(BodyRefused::Failed(why)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {why}\n"),
             );
         }
     };
