@@ -821,3 +821,32 @@ async fn renewing_compares_candidates_as_a_set_and_survives_write_races() {
     c.sort();
     assert_eq!(c, ["n2", "n3"]);
 }
+
+#[test]
+fn the_extenders_bounds_are_the_reservation_crds() {
+    use steward_reservations::extender::{
+        MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE,
+    };
+    let crd = steward_api::crds()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "Reservation")
+        .unwrap();
+    let v = serde_json::to_value(&crd).unwrap();
+    let spec =
+        &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        spec["exclusiveCpus"]["maximum"].as_f64(),
+        Some(f64::from(MAX_EXCLUSIVE_CPUS))
+    );
+    assert_eq!(
+        spec["candidates"]["maxItems"].as_u64(),
+        Some(MAX_CANDIDATES as u64)
+    );
+    let rule = spec["slots"]["x-kubernetes-validations"][0]["rule"]
+        .as_str()
+        .unwrap();
+    assert!(
+        rule.contains(&format!("<= {MAX_SLOTS_PER_INSTANCE}")),
+        "{rule}"
+    );
+}
