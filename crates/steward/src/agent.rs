@@ -228,7 +228,11 @@ mod tests {
 
     #[test]
     fn dra_has_one_name() -> Result<(), clap::Error> {
-        assert!(Cli::try_parse_from(["agent", "--node-name", "n", "--dra"])?.agent.dra);
+        assert!(
+            Cli::try_parse_from(["agent", "--node-name", "n", "--dra"])?
+                .agent
+                .dra
+        );
         let other = Cli::try_parse_from(["agent", "--node-name", "n", "--dra-resource-slices"]);
         assert!(other.is_err(), "a second name for --dra was accepted");
         Ok(())
