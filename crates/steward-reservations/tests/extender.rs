@@ -5,34 +5,20 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
-use steward_api::{Instance, InstanceSpec, Reservation};
-use steward_reservations::extender::{Extender, ExtenderConfig, server};
-use steward_reservations::{ControllerConfig, run};
+use steward_api::Reservation;
+use steward_reservations::extender::ExtenderConfig;
 use steward_testing_apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
-const NS: &str = "default";
+mod common;
 
-struct Stand {
-    api: ApiServer,
-    addr: SocketAddr,
-    stop: CancellationToken,
-}
-
-impl Drop for Stand {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+use common::{NS, Stand, stand_opts};
 
 async fn stand(capacity: u32) -> Stand {
     stand_with(capacity, &[]).await
@@ -42,68 +28,6 @@ async fn stand(capacity: u32) -> Stand {
 /// (its first list sees them: no race with a later patch).
 async fn stand_with(capacity: u32, annotations: &[(&str, &str, String)]) -> Stand {
     stand_opts(capacity, annotations, true, ExtenderConfig::default()).await
-}
-
-/// [`stand_with`], with or without the controller, and the extender's
-/// configuration.
-async fn stand_opts(
-    capacity: u32,
-    annotations: &[(&str, &str, String)],
-    controller: bool,
-    ext_cfg: ExtenderConfig,
-) -> Stand {
-    let api = ApiServer::start().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
-    for crd in steward_api::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-    let ns: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "steward-system"}})).unwrap();
-    Api::<Namespace>::all(api.client())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    for n in ["n1", "n2", "n3", "n4"] {
-        let mine: serde_json::Map<String, Value> = annotations
-            .iter()
-            .filter(|(node, _, _)| *node == n)
-            .map(|(_, k, v)| (k.to_string(), Value::String(v.clone())))
-            .collect();
-        let node: Node =
-            serde_json::from_value(json!({"metadata": {"name": n, "annotations": mine}})).unwrap();
-        Api::<Node>::all(api.client())
-            .create(&PostParams::default(), &node)
-            .await
-            .unwrap();
-    }
-    // A camera seen by n1..n3 (shared), capacity slots; n4 does not see it.
-    let spec = InstanceSpec {
-        configuration_name: "cams".into(),
-        device_id: "cam".into(),
-        shared: true,
-        nodes: vec!["n1".into(), "n2".into(), "n3".into()],
-        capacity,
-        properties: BTreeMap::new(),
-        mounts: Vec::new(),
-        device_specs: Vec::new(),
-        cdi_name: String::new(),
-    };
-    Api::<Instance>::namespaced(api.client(), NS)
-        .create(&PostParams::default(), &Instance::new("cam", spec))
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let mut cfg = ControllerConfig::new("steward-system", "c1");
-    cfg.resync = Duration::from_millis(100);
-    cfg.lease.retry_period = Duration::from_millis(100);
-    if controller {
-        tokio::spawn(run(api.client(), cfg, stop.clone()));
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ext = Arc::new(Extender::new(api.client(), ext_cfg));
-    tokio::spawn(server::serve(listener, ext, stop.clone()));
-    Stand { api, addr, stop }
 }
 
 /// One HTTP/1.1 exchange, as a plain client writes it.
