@@ -19,7 +19,7 @@ use std::time::Duration;
 use common::*;
 use kube::Api;
 use kube::api::DeleteParams;
-use steward_agent::Mode;
+use steward_agent::{AgentConfig, Mode};
 use steward_api::Configuration;
 use steward_testing_apiserver::ApiServer;
 
@@ -268,22 +268,52 @@ fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("akri-{i}")).collect()
 }
 
+/// The agent on an API server stand-in, the Akri-like handler reporting
+/// `devices`, and `n` Configurations of that handler, each with its
+/// Instances written.
+struct Scene {
+    server: ApiServer,
+    cfg: AgentConfig,
+    agent: Agent,
+    peer: Peer,
+    names: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+async fn scene(n: usize, devices: &[&str], instances: usize) -> Scene {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
+    let agent = start_agent(cfg.clone());
+    let peer = Peer::start(dir.path(), &agent.socket, devices);
+    let names = names(n);
+    create_all(&server, &names).await;
+    for name in &names {
+        wait_instances(&server, name, instances).await;
+    }
+    Scene {
+        server,
+        cfg,
+        agent,
+        peer,
+        names,
+        _dir: dir,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_edit_then_quiet() {
     if !peer_available() {
         return;
     }
-    let server = api_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(test_config(
-        "node-a",
-        dir.path(),
-        Mode::Kubernetes(server.client()),
-    ));
-    let mut peer = Peer::start(dir.path(), &agent.socket, &["dev0", "dev1", "other"]);
-    let names = names(1);
-    create_all(&server, &names).await;
-    wait_instances(&server, &names[0], 2).await;
+    let Scene {
+        server,
+        agent,
+        mut peer,
+        names,
+        cfg: _,
+        _dir,
+    } = scene(1, &["dev0", "dev1", "other"], 2).await;
     let before = assert_quiet("initial", &mut peer, &server, &names, 1).await;
 
     // Edit the details: one stream closed and reopened, then quiet.
@@ -299,19 +329,14 @@ async fn second_configuration_deleted_then_quiet() {
     if !peer_available() {
         return;
     }
-    let server = api_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(test_config(
-        "node-a",
-        dir.path(),
-        Mode::Kubernetes(server.client()),
-    ));
-    let mut peer = Peer::start(dir.path(), &agent.socket, &["dev0", "dev1"]);
-    let names = names(2);
-    create_all(&server, &names).await;
-    for name in &names {
-        wait_instances(&server, name, 2).await;
-    }
+    let Scene {
+        server,
+        agent,
+        mut peer,
+        names,
+        cfg: _,
+        _dir,
+    } = scene(2, &["dev0", "dev1"], 2).await;
     let before = assert_quiet("two configurations", &mut peer, &server, &names, 2).await;
 
     let api: Api<Configuration> = Api::namespaced(server.client(), NS);
@@ -336,16 +361,14 @@ async fn agent_restart_then_quiet() {
     if !peer_available() {
         return;
     }
-    let server = api_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
-    let agent = start_agent(cfg.clone());
-    let mut peer = Peer::start(dir.path(), &agent.socket, &["dev0", "dev1"]);
-    let names = names(2);
-    create_all(&server, &names).await;
-    for name in &names {
-        wait_instances(&server, name, 2).await;
-    }
+    let Scene {
+        server,
+        cfg,
+        agent,
+        mut peer,
+        names,
+        _dir,
+    } = scene(2, &["dev0", "dev1"], 2).await;
     let before = assert_quiet("before the restart", &mut peer, &server, &names, 2).await;
 
     agent.stop().await.unwrap();
@@ -371,19 +394,14 @@ async fn many_configurations_one_edit_then_quiet() {
     if !peer_available() {
         return;
     }
-    let server = api_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(test_config(
-        "node-a",
-        dir.path(),
-        Mode::Kubernetes(server.client()),
-    ));
-    let mut peer = Peer::start(dir.path(), &agent.socket, &["dev0", "dev1"]);
-    let names = names(4);
-    create_all(&server, &names).await;
-    for name in &names {
-        wait_instances(&server, name, 2).await;
-    }
+    let Scene {
+        server,
+        agent,
+        mut peer,
+        names,
+        cfg: _,
+        _dir,
+    } = scene(4, &["dev0", "dev1"], 2).await;
     let before = assert_quiet("four configurations", &mut peer, &server, &names, 4).await;
 
     set_details(&server, &names[2], &details("dev1")).await;
