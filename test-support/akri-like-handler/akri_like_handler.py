@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,9 +54,17 @@ except ImportError as e:
 
 
 def generate_stubs(proto):
-    """Generates the v0 stubs from `proto` into a fresh directory and
-    imports them."""
+    """Generates the v0 stubs from `proto` into a fresh directory, imports
+    them and removes the directory (the modules stay loaded; the handler is
+    ended with a signal, so nothing left on disk would be cleaned later)."""
     out = tempfile.mkdtemp(prefix="akri-like-stubs-")
+    try:
+        return _generate_into(out, proto)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _generate_into(out, proto):
     proto_dir, proto_file = os.path.split(os.path.abspath(proto))
     result = subprocess.run(
         [
