@@ -5,6 +5,9 @@
 //!   `InitDone`; every consumer had to buffer those into "the complete set"
 //!   itself. Here they arrive as one [`Change::Relisted`] with the whole
 //!   list, so a consumer only ever sees complete pictures.
+//! * [`Mirror`]: the one picture a consumer keeps of a followed watch —
+//!   objects (or a projection of them) by identity, relists replacing it,
+//!   and a [`Delta`] per change naming what was stored and what removed.
 //! * [`EventSink`]: Kubernetes Events through a bounded queue, so writing
 //!   one never waits on the API server.
 //! * [`lease::elect`]: leader election on a `coordination.k8s.io` Lease
@@ -12,7 +15,9 @@
 
 mod events;
 pub mod lease;
+mod mirror;
 mod watch;
 
 pub use events::{EventSink, QUEUE as EVENT_QUEUE, pod_ref};
+pub use mirror::{Delta, Mirror, ObjectKey};
 pub use watch::{BACKOFF_MAX, BACKOFF_MIN, Change, backoff, changes, follow};
