@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node_store;
 mod nodes;
 pub mod pod_resources;
+mod slot_keeper;
 pub mod source;
 pub mod status;
 pub mod store;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::instance::ServedInstance;
+use crate::slot_keeper::ServedInstance;
 
 /// Version of the CDI specification written.
 pub const CDI_VERSION: &str = "0.6.0";

@@ -27,14 +27,10 @@
 //! reuses it (kubelet re-allocates it), other nodes see it Unhealthy until
 //! then. Device plugins run in Kubernetes mode only.
 
+mod allocate;
 mod cdi;
-mod instance;
-mod keeper;
-mod metrics;
-mod names;
 mod plugin;
 mod podresources;
-mod prepare;
 mod serving;
 mod view;
 mod watch;
@@ -48,20 +44,20 @@ use steward_core::slots::SlotConfig;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+pub use self::allocate::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
 pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
-pub use self::instance::{NUMA_PROPERTY, ServedInstance};
-pub use self::keeper::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
-pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels};
-pub use self::names::{env_name, resource_name, socket_name};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
-pub use self::prepare::{AllocatedDevice, PreparedDevice};
+pub use crate::slot_keeper::{
+    ClaimOpLabels, DevicePluginMetrics, NUMA_PROPERTY, ResultLabels, ServedInstance, env_name,
+    resource_name, socket_name,
+};
 
-pub(crate) use self::keeper::{SlotKeeper, now};
 use self::plugin::PluginSite;
 pub(crate) use self::plugin::finish_task;
 use self::watch::CatalogEvent;
 use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory};
+use crate::slot_keeper::SlotKeeper;
 
 /// How the device plugins are set up.
 #[derive(Debug, Clone)]

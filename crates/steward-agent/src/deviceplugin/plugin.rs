@@ -24,10 +24,10 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-use super::keeper::SlotKeeper;
 use super::podresources::connect_unix;
 use super::serving::{Serving, ServingBoard};
 use crate::claims::ClaimStore;
+use crate::slot_keeper::SlotKeeper;
 
 /// The options every steward plugin advertises.
 pub const OPTIONS: DevicePluginOptions = DevicePluginOptions {
@@ -226,7 +226,7 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
     devices: watch::Receiver<Vec<Device>>,
     stop: CancellationToken,
 ) {
-    let endpoint = super::names::socket_name(&instance);
+    let endpoint = crate::slot_keeper::socket_name(&instance);
     let socket = site.plugin_dir.join(&endpoint);
     let mut backoff = Backoff::doubling(site.poll, MAX_BIND_BACKOFF);
     loop {

@@ -17,8 +17,8 @@ use steward_core::ledger::{
 };
 use steward_podresources::Hub;
 
-use super::keeper::{SlotKeeper, State};
 use crate::claims::ClaimStore;
+use crate::slot_keeper::{SlotKeeper, State};
 
 /// What the view needs of one served Instance.
 #[derive(Debug, Clone)]

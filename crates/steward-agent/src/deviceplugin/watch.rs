@@ -17,10 +17,10 @@ use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
 use steward_kube::{Change, follow};
 use tokio::sync::mpsc;
 
-use super::instance::ServedInstance;
-use super::keeper::{SlotKeeper, now};
 use super::podresources::PodResourcesClient;
 use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory, InstanceRef};
+use crate::slot_keeper::ServedInstance;
+use crate::slot_keeper::{SlotKeeper, now};
 
 /// Changes of what the plugins serve.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use kube::Api;
 use steward_core::dra::DRIVER;
 use steward_core::ledger::{ClaimRef, Holder, PodRef};
 
-use crate::deviceplugin::AllocatedDevice;
+use super::prepare::AllocatedDevice;
 
 /// What a prepare needs of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use steward_core::dra::DRIVER;
 use steward_core::ledger::{ClaimHold, Holding};
 
 use crate::claims::ClaimStore;
-use crate::deviceplugin::SlotKeeper;
+use crate::slot_keeper::SlotKeeper;
 
 /// Why a hold is released, or `None` to keep it.
 pub fn stale(hold: &ClaimHold, claim: Option<&ResourceClaim>) -> Option<String> {
@@ -99,7 +99,7 @@ pub(crate) async fn collect<L: ClaimStore, C: ClaimStore>(
         };
         let (holds, next) = {
             let st = keeper.lock_quiet().await;
-            due(&st.ledger.holders(), crate::deviceplugin::now(), interval)
+            due(&st.ledger.holders(), crate::slot_keeper::now(), interval)
         };
         wait = next;
         for (uid, holds) in holds {

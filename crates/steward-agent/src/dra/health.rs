@@ -22,7 +22,7 @@ use steward_proto::dra_health::v1alpha1::{
 use tonic::{Request, Response, Status};
 
 use crate::claims::ClaimStore;
-use crate::deviceplugin::SlotKeeper;
+use crate::slot_keeper::SlotKeeper;
 
 /// (pool, device) → (healthy, why not).
 type Snapshot = BTreeMap<(String, String), (bool, String)>;

@@ -45,7 +45,7 @@ use tonic::{Request, Response, Status};
 
 use super::claims::read_claim;
 use crate::claims::ClaimStore;
-use crate::deviceplugin::SlotKeeper;
+use crate::slot_keeper::SlotKeeper;
 
 /// The plugin type kubelet's plugin watcher routes to its DRA manager, and
 /// the gRPC service kubelet 1.34+ calls, as listed in `supported_versions`.
@@ -162,10 +162,10 @@ impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
     ) -> NodePrepareResourceResponse {
         let claim = ClaimRef::new(claim.uid, claim.namespace, claim.name);
         let result = match read_claim(&self.client, &claim, self.op_timeout).await {
-            Ok(allocated) => {
-                core.prepare_claim(&claim, &allocated.users, &allocated.devices)
-                    .await
-            }
+            Ok(allocated) => core
+                .prepare_claim(&claim, &allocated.users, &allocated.devices)
+                .await
+                .map_err(|e| e.to_string()),
             Err(e) => {
                 core.metrics.preparation(e.label());
                 Err(e.to_string())
@@ -196,12 +196,22 @@ impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
     }
 }
 
-fn valid(claim: &Claim) -> Result<(), String> {
+/// A claim kubelet named without a namespace, name or UID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("claim {namespace}/{name} (UID {uid:?}) lacks a namespace, name or UID")]
+struct IncompleteClaim {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+fn valid(claim: &Claim) -> Result<(), IncompleteClaim> {
     if claim.uid.is_empty() || claim.name.is_empty() || claim.namespace.is_empty() {
-        return Err(format!(
-            "claim {}/{} (UID {:?}) lacks a namespace, name or UID",
-            claim.namespace, claim.name, claim.uid
-        ));
+        return Err(IncompleteClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        });
     }
     Ok(())
 }
@@ -223,7 +233,7 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
                         claim.uid.clone(),
                         NodePrepareResourceResponse {
                             devices: Vec::new(),
-                            error,
+                            error: error.to_string(),
                         },
                     );
                 }
@@ -251,7 +261,7 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
                     core.unprepare_claim(&claim.uid, false).await;
                     String::new()
                 }
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             claims.insert(claim.uid, NodeUnprepareResourceResponse { error });
         }

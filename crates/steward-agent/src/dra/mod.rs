@@ -18,10 +18,12 @@ pub mod claims;
 pub mod gc;
 mod health;
 pub mod kubelet;
+mod prepare;
 pub mod slices;
 
 pub use kubelet::{
     DraPluginConfig, HEALTH_SERVICE_VERSION, PLUGIN_SOCKET, PLUGIN_TYPE, REGISTRATION_SOCKET,
     SERVICE_VERSION,
 };
+pub use prepare::{AllocatedDevice, PrepareError, PreparedDevice};
 pub use slices::{SlicePublisher, WRITER_LABEL, publish, writer_label};

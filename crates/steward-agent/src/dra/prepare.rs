@@ -1,15 +1,56 @@
 //! DRA claims on the slot keeper: kubelet's NodePrepareResources and
-//! NodeUnprepareResources (served by `crate::dra::kubelet`) land here, on
-//! the same ledger, lock and stores as the device plugins' Allocate.
+//! NodeUnprepareResources (served by `super::kubelet`) land here, on the
+//! same ledger, lock and stores as the device plugins' Allocate.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use steward_core::dra::slot_for_device;
+use steward_core::dra::{DRIVER, slot_for_device};
 use steward_core::ledger::{ClaimHold, ClaimRef, Holder};
 
-use super::keeper::{SlotKeeper, now};
 use crate::claims::ClaimStore;
+use crate::slot_keeper::{ClaimRefused, SlotKeeper, now};
+
+/// Why nothing of a claim was prepared: the per-claim error kubelet gets
+/// (as text, at the kubelet edge), and the `result` label of
+/// `steward_dra_prepares_total` it is counted under ([`PrepareError::label`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    /// The claim names no device of this driver.
+    #[error("ResourceClaim {0} has no device of driver {DRIVER} allocated")]
+    NoDevices(ClaimRef),
+    /// A device is not one this node publishes (nor one the claim holds).
+    #[error(
+        "device {pool}/{device} of ResourceClaim {claim} is not a device of node {node}; nothing was prepared"
+    )]
+    NotHere {
+        claim: ClaimRef,
+        pool: String,
+        device: String,
+        node: String,
+    },
+    /// The device's Instance has no CDI device, or CDI is off.
+    #[error(
+        "device {0} cannot be handed to a container: CDI is off on this node (the agent needs --cdi-dir for DRA)"
+    )]
+    NoCdi(String),
+    /// The slot keeper refused the claim or could not make it durable.
+    #[error(transparent)]
+    Refused(#[from] ClaimRefused),
+}
+
+impl PrepareError {
+    /// The `result` label: `no_devices`, `unknown_device`, `no_cdi`, or
+    /// the slot keeper's label ([`ClaimRefused::label`]).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoDevices(_) => "no_devices",
+            Self::NotHere { .. } => "unknown_device",
+            Self::NoCdi(_) => "no_cdi",
+            Self::Refused(e) => e.label(),
+        }
+    }
+}
 
 /// One device the scheduler allocated to a claim, as its status names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +87,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         claim: &ClaimRef,
         users: &[Holder],
         devices: &[AllocatedDevice],
-    ) -> Result<Vec<PreparedDevice>, String> {
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let started = Instant::now();
         let result = self.prepare_inner(claim, users, devices).await;
         self.metrics
@@ -54,9 +95,9 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .observe(started.elapsed().as_secs_f64());
         self.metrics.preparation(match &result {
             Ok(_) => "ok",
-            Err((_, label)) => label,
+            Err(e) => e.label(),
         });
-        result.map_err(|(m, _)| m)
+        result
     }
 
     async fn prepare_inner(
@@ -64,15 +105,9 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         claim: &ClaimRef,
         users: &[Holder],
         devices: &[AllocatedDevice],
-    ) -> Result<Vec<PreparedDevice>, (String, &'static str)> {
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         if devices.is_empty() {
-            return Err((
-                format!(
-                    "ResourceClaim {claim} has no device of driver {} allocated",
-                    steward_core::dra::DRIVER
-                ),
-                "no_devices",
-            ));
+            return Err(PrepareError::NoDevices(claim.clone()));
         }
         let mut st = self.lock().await;
         let mut prepared = Vec::new();
@@ -87,13 +122,12 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances)
                 .or_else(|| st.ledger.held_as(&claim.uid, &d.pool, &d.device))
             else {
-                return Err((
-                    format!(
-                        "device {}/{} of ResourceClaim {claim} is not a device of node {}; nothing was prepared",
-                        d.pool, d.device, self.node
-                    ),
-                    "unknown_device",
-                ));
+                return Err(PrepareError::NotHere {
+                    claim: claim.clone(),
+                    pool: d.pool.clone(),
+                    device: d.device.clone(),
+                    node: self.node.clone(),
+                });
             };
             let cdi = st
                 .instances
@@ -101,13 +135,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 .map(|i| i.cdi_name.clone())
                 .unwrap_or_default();
             if !self.cdi || cdi.is_empty() {
-                return Err((
-                    format!(
-                        "device {} cannot be handed to a container: CDI is off on this node (the agent needs --cdi-dir for DRA)",
-                        d.device
-                    ),
-                    "no_cdi",
-                ));
+                return Err(PrepareError::NoCdi(d.device.clone()));
             }
             let hold = ClaimHold {
                 claim: claim.clone(),
@@ -154,7 +182,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 tracing::info!(%claim, slots = ?prepared.iter().map(|p| &p.slot).collect::<Vec<_>>(), "DRA claim prepared");
                 Ok(prepared)
             }
-            Err((status, label)) => Err((status.message().to_owned(), label)),
+            Err(refused) => Err(refused.into()),
         }
     }
 
