@@ -31,6 +31,7 @@
 //! keeps whole objects (no projection), consumes the raw watcher events
 //! rather than [`Change`]s, and derives no deletions on a relist.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -203,18 +204,34 @@ impl<K, V, Key: Ord + Clone> Mirror<K, V, Key> {
         self.listed
     }
 
-    pub fn get(&self, key: &Key) -> Option<&V> {
+    /// The value kept for `key` (or anything it borrows as: a `&str` for
+    /// a `String` key).
+    pub fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        Key: Borrow<Q>,
+    {
         self.objects.get(key)
     }
 
-    pub fn contains(&self, key: &Key) -> bool {
+    pub fn contains<Q: Ord + ?Sized>(&self, key: &Q) -> bool
+    where
+        Key: Borrow<Q>,
+    {
         self.objects.contains_key(key)
     }
 
     /// Forgets one entry (e.g. an object the consumer itself deleted,
     /// before the watch echoes it).
-    pub fn remove(&mut self, key: &Key) -> Option<V> {
+    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        Key: Borrow<Q>,
+    {
         self.objects.remove(key)
+    }
+
+    /// Everything kept, as the map it is (for code that takes one).
+    pub fn as_map(&self) -> &BTreeMap<Key, V> {
+        &self.objects
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {

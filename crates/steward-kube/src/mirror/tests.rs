@@ -115,8 +115,10 @@ fn any_key_can_identify_objects() {
         .apply(Change::Applied(keyless))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(d.is_empty());
-    assert_eq!(m.remove(&"uid-a-x-1".to_owned()), Some(1));
-    assert!(m.contains(&"uid-a-x-2".to_owned()));
+    assert_eq!(m.remove("uid-a-x-1"), Some(1));
+    assert!(m.contains("uid-a-x-2"));
+    assert_eq!(m.get("uid-a-x-2"), Some(&2));
+    assert_eq!(m.as_map().len(), 1);
 }
 
 /// A change as generated (a [`Change`] is not `Clone`: its error is not).
