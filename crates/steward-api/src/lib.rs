@@ -35,7 +35,7 @@ pub enum CrdError {
     Yaml {
         name: String,
         #[source]
-        source: serde_yaml_ng::Error,
+        source: serde_saphyr::ser::Error,
     },
 }
 
@@ -53,9 +53,13 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 pub fn crds_yaml() -> Result<String, CrdError> {
     let mut out = String::new();
     for crd in crds() {
-        let doc = serde_yaml_ng::to_string(&crd).map_err(|source| CrdError::Yaml {
-            name: crd.metadata.name.clone().unwrap_or_default(),
-            source,
+        // Long descriptions stay on one line (no folding): reviewable diffs.
+        let unfolded = serde_saphyr::ser_options! { folded_wrap_chars: usize::MAX };
+        let doc = serde_saphyr::to_string_with_options(&crd, unfolded).map_err(|source| {
+            CrdError::Yaml {
+                name: crd.metadata.name.clone().unwrap_or_default(),
+                source,
+            }
         })?;
         out.push_str("---\n");
         out.push_str(&doc);
@@ -99,9 +103,7 @@ mod tests {
     #[test]
     fn yaml_parses_back_into_the_same_crds() {
         let yaml = crds_yaml().unwrap();
-        let docs: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&yaml)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .collect();
+        let docs: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(docs, crds());
         let names: Vec<_> = docs
             .iter()
@@ -153,7 +155,7 @@ mod tests {
 
     #[test]
     fn minimal_configuration_gets_defaults() {
-        let c: Configuration = serde_yaml_ng::from_str(
+        let c: Configuration = serde_saphyr::from_str(
             "apiVersion: steward.dev/v1alpha1\nkind: Configuration\nmetadata: {name: a, namespace: b}\nspec:\n  discoveryHandler: {name: debug-echo}\n",
         )
         .unwrap();

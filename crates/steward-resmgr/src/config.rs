@@ -244,11 +244,14 @@ impl FileConfig {
             reason,
             source: None,
         };
-        let cfg: FileConfig = serde_yaml_ng::from_str(text).map_err(|e| ResmgrError::Config {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
+        // One-line errors (no source snippet): the reason goes into a log line.
+        let plain = serde_saphyr::options! { with_snippet: false };
+        let cfg: FileConfig =
+            serde_saphyr::from_str_with_options(text, plain).map_err(|e| ResmgrError::Config {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+                source: Some(Box::new(e)),
+            })?;
         for (name, class) in &cfg.blockio.classes {
             class.validate(name).map_err(|e| ResmgrError::Config {
                 path: path.to_path_buf(),

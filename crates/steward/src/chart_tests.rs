@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use clap::Parser;
-use serde::Deserialize;
-use serde_yaml_ng::Value;
+use serde_json::Value;
 
 use crate::Cli;
 
@@ -91,8 +90,9 @@ fn render(sets: &[&str]) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -111,7 +111,7 @@ fn pod_specs(objects: &[Value]) -> Vec<(String, &Value)> {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .map(|x| x.as_str().unwrap().to_owned())
@@ -135,19 +135,19 @@ fn chart_lints_and_renders_under_every_value_set() {
         assert!(!pods.is_empty(), "{sets:?} renders no DaemonSet");
         for (ds, spec) in pods {
             let volumes: Vec<&str> = spec["volumes"]
-                .as_sequence()
+                .as_array()
                 .into_iter()
                 .flatten()
                 .map(|v| v["name"].as_str().unwrap())
                 .collect();
-            for c in spec["containers"].as_sequence().unwrap() {
+            for c in spec["containers"].as_array().unwrap() {
                 let what = format!("{ds}/{} under {sets:?}", c["name"].as_str().unwrap());
                 // The arguments are this binary's own command line.
                 let mut argv = vec!["steward".to_owned()];
                 argv.extend(strings(&c["args"]));
                 // NODE_NAME comes from the downward API, read by clap as the
                 // env of --node-name.
-                let node_name_env = c["env"].as_sequence().into_iter().flatten().any(|e| {
+                let node_name_env = c["env"].as_array().into_iter().flatten().any(|e| {
                     e["name"].as_str() == Some("NODE_NAME")
                         && e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("spec.nodeName")
                 });
@@ -175,7 +175,7 @@ fn chart_lints_and_renders_under_every_value_set() {
                     "{what}"
                 );
                 assert!(c["resources"]["requests"].is_mapping(), "{what}");
-                for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
+                for m in c["volumeMounts"].as_array().into_iter().flatten() {
                     let name = m["name"].as_str().unwrap();
                     assert!(
                         volumes.contains(&name),
@@ -251,7 +251,7 @@ fn a_standalone_agent_gets_its_configurations_and_no_api_access() {
     assert_eq!(spec["automountServiceAccountToken"].as_bool(), Some(false));
     assert!(spec["serviceAccountName"].is_null());
     let mount = spec["containers"][0]["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|m| m["name"] == "configurations")
@@ -279,7 +279,7 @@ fn a_standalone_agent_gets_its_configurations_and_no_api_access() {
     // The device plugin directory is not mounted.
     let volumes = strings(
         &spec["volumes"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|v| v["name"].clone())
@@ -355,14 +355,14 @@ fn dra_reaches_the_agent_the_controller_and_their_rules() {
         ("plugins", "/data/kubelet/plugins"),
     ] {
         let mount = agent["containers"][0]["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .find(|m| m["name"] == volume)
             .unwrap_or_else(|| panic!("{volume} not mounted"));
         assert_eq!(mount["mountPath"].as_str(), Some(path));
         let v = agent["volumes"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .find(|v| v["name"] == volume)
@@ -394,7 +394,7 @@ fn dra_reaches_the_agent_the_controller_and_their_rules() {
             .iter()
             .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == role)
             .unwrap_or_else(|| panic!("no ClusterRole {role}"))["rules"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .filter(|r| strings(&r["apiGroups"]) == ["resource.k8s.io"])
@@ -429,7 +429,7 @@ fn dra_reaches_the_agent_the_controller_and_their_rules() {
             "agent.standalone.configurations=kind: Configuration",
         ][..],
     ] {
-        let text = serde_yaml_ng::to_string(&render(sets)).unwrap();
+        let text = serde_saphyr::to_string(&render(sets)).unwrap();
         for absent in ["--dra", "plugins_registry", "resource.k8s.io"] {
             assert!(!text.contains(absent), "{sets:?} renders {absent}");
         }

@@ -381,8 +381,8 @@ async fn get_instances_as_json_and_yaml_prints_the_objects() {
     assert!(a.metadata.creation_timestamp.is_some());
 
     let out = steward(&s, &["get", "instances", "-A", "-o", "yaml"]).await;
-    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(out.ok()).unwrap();
-    let items = v["items"].as_sequence().unwrap();
+    let v: serde_json::Value = serde_saphyr::from_str(out.ok()).unwrap();
+    let items = v["items"].as_array().unwrap();
     assert_eq!(items.len(), 3);
     assert_eq!(items[2]["metadata"]["namespace"].as_str(), Some("lab"));
 }

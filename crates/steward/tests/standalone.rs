@@ -194,8 +194,8 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
         );
     }
     let json = steward_out(&["get", "instances", "-o", "json", "--state-dir"], &state)?;
-    let list: serde_yaml_ng::Value = serde_yaml_ng::from_str(&json)?;
-    let items = list["items"].as_sequence().map(Vec::len);
+    let list: serde_json::Value = serde_json::from_str(&json)?;
+    let items = list["items"].as_array().map(Vec::len);
     ensure!(items == Some(4), "{json}");
     ensure!(state.join("agent.sock").exists());
     // The handler serving the Configuration, as `get handlers` shows it in
@@ -251,10 +251,10 @@ async fn standalone_agent_process_keeps_instances_that_steward_instances_prints(
     let lines: Vec<&str> = logged.lines().filter(|l| !l.trim().is_empty()).collect();
     ensure!(lines.len() >= 3, "too few log lines:\n{logged}");
     for line in &lines {
-        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(line)
-            .with_context(|| format!("not a JSON log line: {line}"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("not a JSON log line: {line}"))?;
         ensure!(
-            line.starts_with('{') && v["level"].as_str().is_some() && v["fields"].is_mapping(),
+            line.starts_with('{') && v["level"].as_str().is_some() && v["fields"].is_object(),
             "not a JSON log object: {line}"
         );
     }

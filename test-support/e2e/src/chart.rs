@@ -6,8 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use k8s_openapi::serde::Deserialize as _;
-use serde_yaml_ng::Value;
+use serde_json::Value;
 
 /// Release name the tests render.
 pub const RELEASE: &str = "t";
@@ -55,8 +54,9 @@ pub fn template(sets: &[&str], include_crds: bool) -> String {
 
 /// The YAML documents of a rendered manifest.
 pub fn documents(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap())
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use serde_yaml_ng::Value;
+use serde_json::Value;
 use steward_e2e::chart::{NAMESPACE, documents, template};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kubectl::Kubectl;
@@ -113,12 +113,12 @@ async fn every_rendered_object_is_applied_and_seen_by_kubectl() {
                 })
                 .collect();
             let rendered: Vec<Vec<String>> = d["spec"]["template"]["spec"]["containers"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .map(|c| {
                     c["args"]
-                        .as_sequence()
+                        .as_array()
                         .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
                         .unwrap_or_default()
                 })
@@ -146,12 +146,12 @@ async fn a_field_kubernetes_does_not_have_is_refused() {
     let container = &mut agent["spec"]["template"]["spec"]["containers"][0];
     let hardened = container["securityContext"].clone();
     container
-        .as_mapping_mut()
+        .as_object_mut()
         .unwrap()
         .insert("securityContex".into(), hardened);
     let name = agent["metadata"]["name"].as_str().unwrap().to_owned();
     let file = k.dir().join("typo.yaml");
-    std::fs::write(&file, serde_yaml_ng::to_string(agent).unwrap()).unwrap();
+    std::fs::write(&file, serde_saphyr::to_string(agent).unwrap()).unwrap();
     let out = k.output(&["apply", "-f", file.to_str().unwrap()]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the typo was accepted");

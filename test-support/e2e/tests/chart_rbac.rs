@@ -16,7 +16,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
-use serde_yaml_ng::Value;
+use serde_json::Value;
 use steward_agent::deviceplugin::DevicePluginConfig;
 use steward_agent::{AgentConfig, AgentTimings, Mode};
 use steward_api::{
@@ -50,7 +50,7 @@ struct Rule {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_owned))
@@ -74,7 +74,7 @@ fn rules_of(objects: &[Value], sa: &str) -> Vec<Rule> {
         .iter()
         .filter(|o| matches!(kind(o), "ClusterRoleBinding" | "RoleBinding"))
     {
-        let bound = b["subjects"].as_sequence().into_iter().flatten().any(|s| {
+        let bound = b["subjects"].as_array().into_iter().flatten().any(|s| {
             s["kind"].as_str() == Some("ServiceAccount")
                 && s["name"].as_str() == Some(sa)
                 && s["namespace"].as_str() == Some(NAMESPACE)
@@ -90,7 +90,7 @@ fn rules_of(objects: &[Value], sa: &str) -> Vec<Rule> {
             .iter()
             .find(|o| kind(o) == role_kind && name(o) == role_name)
             .unwrap_or_else(|| panic!("{} binds missing {role_kind} {role_name}", name(b)));
-        for r in role["rules"].as_sequence().into_iter().flatten() {
+        for r in role["rules"].as_array().into_iter().flatten() {
             rules.push(Rule {
                 groups: strings(&r["apiGroups"]),
                 resources: strings(&r["resources"]),

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use steward_api::{Configuration, config_key};
 use steward_core::discovery::ConfigKey;
 use steward_discovery::DiscoverRequest;
@@ -18,22 +17,16 @@ use crate::error::SourceError;
 /// Namespace given to Configurations in the file that name none.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// Parse a multi-document YAML stream of Configurations (empty documents are skipped).
+/// Parse a multi-document YAML stream of Configurations (empty documents are
+/// skipped and not counted).
 pub fn parse_configurations(path: &Path, text: &str) -> Result<Vec<Configuration>, SourceError> {
-    let mut out = Vec::new();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml_ng::Value::deserialize(doc).map_err(|e| SourceError::Parse {
+    let docs: Vec<Configuration> =
+        serde_saphyr::from_multiple(text).map_err(|e| SourceError::Parse {
             path: path.to_owned(),
-            message: format!("document {}: {e}", i + 1),
+            message: e.without_snippet().to_string(),
         })?;
-        if value.is_null() {
-            continue;
-        }
-        let mut c: Configuration =
-            serde_yaml_ng::from_value(value).map_err(|e| SourceError::Parse {
-                path: path.to_owned(),
-                message: format!("document {}: {e}", i + 1),
-            })?;
+    let mut out = Vec::new();
+    for (i, mut c) in docs.into_iter().enumerate() {
         if c.metadata.name.as_deref().unwrap_or_default().is_empty() {
             return Err(SourceError::Parse {
                 path: path.to_owned(),

@@ -38,8 +38,8 @@ pub(crate) fn parse_details<T: serde::de::DeserializeOwned>(
     } else {
         details
     };
-    serde_yaml_ng::from_str(text)
-        .map_err(|e| DiscoveryError::InvalidDetails(format!("{handler}: {e}")))
+    serde_saphyr::from_str(text)
+        .map_err(|e| DiscoveryError::InvalidDetails(format!("{handler}: {}", e.without_snippet())))
 }
 
 #[cfg(test)]

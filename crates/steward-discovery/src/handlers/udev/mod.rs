@@ -448,7 +448,7 @@ mod tests {
                 "udevRules: ['SUBSYSTEM==\"mem\"', 'FOO==\"x\"']",
                 "udevRules[1]",
             ),
-            ("udevRules: 3", "invalid type"),
+            ("udevRules: 3", "expected sequence"),
         ];
         for (details, text) in cases {
             match h.discover(DiscoverRequest::new(details)) {
