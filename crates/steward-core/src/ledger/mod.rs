@@ -1,12 +1,15 @@
 //! The one record of *who holds what on a node*.
 //!
-//! Everything steward hands out — device-plugin slots today, exclusive CPUs
-//! and memory per NUMA node later — is described by the same [`Holding`]:
-//! ⟨resource, holder pod UID / namespace / name / container, since,
-//! reservation⟩. The state machines that decide (for instance
-//! [`crate::slots::SlotLedger`]) keep their own richer state and expose it
-//! through [`Holdings`], so readers (a pod resources server, the reservation
-//! controller, the operator CLI) see one vocabulary.
+//! Everything steward hands out — device-plugin slots, DRA claims,
+//! exclusive and shared CPUs, memory per NUMA node — is recorded here. A
+//! device slot is a [`Holding`]: ⟨resource, holder pod UID / namespace /
+//! name / container, since, reservation⟩; the state machines that decide
+//! (for instance [`crate::slots::SlotLedger`]) keep their own richer state
+//! and expose it through [`Holdings`]. What a pod holds of every kind —
+//! slots, CPUs (from the CRI resource manager's policy), memory nodes, DRA
+//! claims — is one [`PodAssignments`] in the [`NodeView`], so readers (a pod
+//! resources server, the reservation controller, the operator CLI) see one
+//! vocabulary.
 //!
 //! Resource keys are plain strings chosen by the owning state machine: a
 //! device slot is its device-plugin ID (`<instance>-<n>`).

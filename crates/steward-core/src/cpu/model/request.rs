@@ -23,8 +23,8 @@
 
 use std::collections::BTreeMap;
 
-use super::PolicyError;
 use super::topology::MemoryKind;
+use crate::cpu::PolicyError;
 
 /// Kubernetes QoS class of a pod.
 #[derive(
@@ -268,7 +268,7 @@ pub struct Hints {
     pub memory_tiers: Option<Vec<MemoryKind>>,
     pub balloon: Option<String>,
     /// Not an annotation: exclusive CPUs to leave free per NUMA node,
-    /// held for other pods' reservations ([`super::Policy::set_holds`]).
+    /// held for other pods' reservations ([`crate::cpu::Policy::set_holds`]).
     pub withhold: BTreeMap<u32, usize>,
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::engine::{Changes, Env, Placer, PoolId, PoolView, View};
-use super::request::Hints;
-use super::{Assignment, ContainerKey, ContainerRequest, PolicyError, PolicyKind};
+use crate::cpu::model::Hints;
+use crate::cpu::{Assignment, ContainerKey, ContainerRequest, PolicyError, PolicyKind};
 
 #[derive(Clone)]
 pub(crate) struct NonePlacer {
@@ -84,3 +84,6 @@ impl Placer for NonePlacer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

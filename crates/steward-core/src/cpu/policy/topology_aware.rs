@@ -37,8 +37,8 @@ use std::sync::Arc;
 use super::engine::{
     Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted, withheld,
 };
-use super::request::Hints;
-use super::{
+use crate::cpu::model::Hints;
+use crate::cpu::{
     Assignment, ContainerKey, ContainerRequest, CpuSet, Members, MemoryKind, PolicyError,
     PolicyKind, Qos,
 };
@@ -559,3 +559,6 @@ impl TopologyAwarePlacer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

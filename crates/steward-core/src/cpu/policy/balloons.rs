@@ -1,7 +1,7 @@
 //! The `balloons` policy: named pools ("balloons") of CPUs that grow and
 //! shrink with the CPU requests of the containers in them.
 //!
-//! - Balloon types come from [`super::PolicyConfig::balloons`]; a `default`
+//! - Balloon types come from [`crate::cpu::PolicyConfig::balloons`]; a `default`
 //!   type (no limits) exists even when not listed.
 //! - A container goes to the type named by `balloon.steward.dev/name`, else
 //!   to the type listing its namespace, else to `default`. Naming a type
@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::engine::{Changes, Env, Placer, PoolId, PoolView, View};
-use super::request::Hints;
-use super::{
+use crate::cpu::model::Hints;
+use crate::cpu::{
     ANN_BALLOON, Assignment, BalloonType, ContainerKey, ContainerRequest, CpuSet, Members,
     PolicyError, PolicyKind,
 };
@@ -479,3 +479,6 @@ impl Placer for BalloonsPlacer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,7 +1,7 @@
 //! The `static` policy: parity with kubelet's CPU manager static policy.
 //!
 //! - A container of a Guaranteed pod whose CPU request is a whole number of
-//!   CPUs gets that many exclusive CPUs, picked by [`super::Picker`] (fewest
+//!   CPUs gets that many exclusive CPUs, picked by [`crate::cpu::Picker`] (fewest
 //!   sockets/NUMA nodes, whole cores before SMT siblings). Opt out with
 //!   `cpu.steward.dev/prefer-shared: "true"`.
 //! - Every other container runs on the shared pool: allocatable CPUs minus
@@ -24,8 +24,10 @@ use std::sync::Arc;
 use super::engine::{
     Changes, Env, Placer, PoolId, PoolView, View, exclusive_cpus_wanted, withheld,
 };
-use super::request::Hints;
-use super::{Assignment, ContainerKey, ContainerRequest, CpuSet, Members, PolicyError, PolicyKind};
+use crate::cpu::model::Hints;
+use crate::cpu::{
+    Assignment, ContainerKey, ContainerRequest, CpuSet, Members, PolicyError, PolicyKind,
+};
 
 /// The one pool of this policy whose assignment changes.
 const SHARED: PoolId = 0;
@@ -223,3 +225,6 @@ impl Placer for StaticPlacer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::alloc::Picker;
-use super::request::{Hints, validate_request};
-use super::{
+use crate::cpu::Picker;
+use crate::cpu::model::{Hints, validate_request};
+use crate::cpu::{
     Assignment, ContainerKey, ContainerRequest, CpuSet, Decision, Members, Policy, PolicyConfig,
     PolicyError, PolicyKind, PoolChange, Qos, Topology,
 };
