@@ -1,11 +1,12 @@
 //! Reservations at scheduling time, the Kubernetes side of
 //! `steward_core::reservation`.
 //!
-//! * [`controller`]: `steward controller`, the only writer of decisions —
-//!   leader-elected on a Lease, level-triggered ([`world`]): it rebuilds the
-//!   ledger from Instances, SlotClaims, Nodes, Pods and the Reservations'
-//!   recorded statuses after each change and writes only what differs,
-//!   each write conditional on the resourceVersion it decided from.
+//! * [`decision_loop`]: `steward controller`, the only writer of
+//!   decisions — leader-elected on a Lease, level-triggered
+//!   ([`ledger_picture`]): it rebuilds the ledger from Instances,
+//!   SlotClaims, Nodes, Pods and the Reservations' recorded statuses after
+//!   each change and writes only what differs, each write conditional on
+//!   the resourceVersion it decided from.
 //! * [`deviceclass`]: with `--dra-device-classes`, the leader also keeps
 //!   one `resource.k8s.io/v1` DeviceClass per Configuration, selecting
 //!   that Configuration's devices by CEL.
@@ -13,9 +14,9 @@
 //!   Prioritize over HTTP; Filter creates the pod's Reservation and awaits
 //!   the controller's decision within a bound.
 
-pub mod controller;
+pub mod decision_loop;
 pub mod deviceclass;
 pub mod extender;
-pub mod world;
+pub mod ledger_picture;
 
-pub use controller::{ControllerConfig, ControllerError, run};
+pub use decision_loop::{ControllerConfig, ControllerError, run};

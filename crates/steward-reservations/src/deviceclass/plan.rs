@@ -2,7 +2,7 @@
 //! there. Pure: [`super::maintain`] follows the cluster and writes what this
 //! computes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use steward_api::Configuration;
 use steward_core::dra::DRIVER;
-use steward_kube::Change;
+use steward_kube::{Change, Mirror};
 
 /// The label on every DeviceClass steward owns; classes without it are
 /// never written or deleted.
@@ -206,55 +206,40 @@ pub fn actions(
 
 /// What the class writer knows: every Configuration and the classes
 /// labelled as steward's, as last seen.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Classes {
-    configurations: BTreeSet<(String, String)>,
-    owned: BTreeMap<String, DeviceClass>,
-    configurations_listed: bool,
-    classes_listed: bool,
+    /// Only their names.
+    configurations: Mirror<Configuration, ()>,
+    /// By class name (cluster-scoped).
+    owned: Mirror<DeviceClass, DeviceClass, String>,
+}
+
+impl Default for Classes {
+    fn default() -> Self {
+        Self {
+            configurations: Mirror::projected(|_| Some(())),
+            owned: Mirror::keyed(|c: &DeviceClass| Some(c.name_any()), Some),
+        }
+    }
 }
 
 impl Classes {
     /// Whether both have been listed: nothing is written before (a class
     /// not yet seen is not a class that is missing).
     pub fn ready(&self) -> bool {
-        self.configurations_listed && self.classes_listed
+        self.configurations.listed() && self.owned.listed()
     }
 
     pub fn configurations(&mut self, change: Change<Configuration>) {
-        let key = |c: &Configuration| (c.namespace().unwrap_or_default(), c.name_any());
-        match change {
-            Change::Relisted(all) => {
-                self.configurations = all.iter().map(key).collect();
-                self.configurations_listed = true;
-            }
-            Change::Applied(c) => {
-                self.configurations.insert(key(&c));
-            }
-            Change::Deleted(c) => {
-                self.configurations.remove(&key(&c));
-            }
-            Change::Interrupted(_) => {}
-        }
+        // An interrupted watch changes nothing: it resumes or relists.
+        let _ = self.configurations.apply(change);
     }
 
     /// A change of the owned classes (watched with [`OWNED_SELECTOR`]; a
     /// class whose label is removed is reported deleted) — also each write
     /// of steward's own, so it counts before the watch echoes it.
     pub fn classes(&mut self, change: Change<DeviceClass>) {
-        match change {
-            Change::Relisted(all) => {
-                self.owned = all.into_iter().map(|c| (c.name_any(), c)).collect();
-                self.classes_listed = true;
-            }
-            Change::Applied(c) => {
-                self.owned.insert(c.name_any(), c);
-            }
-            Change::Deleted(c) => {
-                self.owned.remove(&c.name_any());
-            }
-            Change::Interrupted(_) => {}
-        }
+        let _ = self.owned.apply(change);
     }
 
     /// Forgets an owned class (deleted by steward, or found gone).
@@ -270,10 +255,10 @@ impl Classes {
         }
         let (wanted, notes) = desired(
             self.configurations
-                .iter()
-                .map(|(ns, n)| (ns.as_str(), n.as_str())),
+                .keys()
+                .map(|k| (k.namespace.as_str(), k.name.as_str())),
         );
-        (actions(&wanted, &self.owned), notes)
+        (actions(&wanted, self.owned.as_map()), notes)
     }
 }
 

@@ -3,35 +3,40 @@
 //! it, instead of reading its object in a loop: the wait costs no API call,
 //! and the answer arrives as soon as the controller's write is seen.
 //!
-//! Objects are kept without `spec.candidates`. The picture may lag the API
+//! Objects are kept (a [`steward_kube::Mirror`] behind a lock) without
+//! `spec.candidates`. The picture may lag the API
 //! (a watch being re-established): callers use
 //! it to wait, never as proof that an object is absent; a Filter still reads
 //! the object now and then while it waits, so a stalled watch only slows it.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
+use kube::Api;
 use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
 use steward_api::Reservation;
-use steward_kube::{Change, follow};
+use steward_kube::{Change, Mirror, ObjectKey, follow};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-type Key = (String, String);
-
 /// Every Reservation as last seen, and a counter bumped on each change.
 pub(crate) struct Seen {
-    objects: Mutex<HashMap<Key, Reservation>>,
+    objects: Mutex<Mirror<Reservation>>,
     changed: watch::Sender<u64>,
 }
 
 impl Seen {
     /// A picture no watch feeds: always empty, never changes.
     pub(crate) fn empty() -> Self {
+        // A Filter waiting on the picture reads the pod, the generation and
+        // the status; the candidate list (one name per node, hundreds in a
+        // large cluster) would only be copied on every wake-up.
+        let slim = |mut r: Reservation| {
+            r.spec.candidates = Vec::new();
+            Some(r)
+        };
         Self {
-            objects: Mutex::new(HashMap::new()),
+            objects: Mutex::new(Mirror::projected(slim)),
             changed: watch::Sender::new(0),
         }
     }
@@ -47,16 +52,14 @@ impl Seen {
         (seen, AbortOnDropHandle::new(task))
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Reservation>> {
+    fn lock(&self) -> MutexGuard<'_, Mirror<Reservation>> {
         // Plain values: a panic elsewhere leaves the map usable.
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reservation `namespace/name` as last seen.
     pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<Reservation> {
-        self.lock()
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
+        self.lock().get(&ObjectKey::new(namespace, name)).cloned()
     }
 
     /// Woken on every change seen after this call.
@@ -65,31 +68,10 @@ impl Seen {
     }
 
     pub(crate) fn apply(&self, change: Change<Reservation>) {
-        let key = |r: &Reservation| (r.namespace().unwrap_or_default(), r.name_any());
-        // A Filter waiting on the picture reads the pod, the generation and
-        // the status; the candidate list (one name per node, hundreds in a
-        // large cluster) would only be copied on every wake-up.
-        let slim = |mut r: Reservation| {
-            r.spec.candidates = Vec::new();
-            r
-        };
-        {
-            let mut objects = self.lock();
-            match change {
-                Change::Relisted(all) => {
-                    *objects = all.into_iter().map(|r| (key(&r), slim(r))).collect();
-                }
-                Change::Applied(r) => {
-                    objects.insert(key(&r), slim(r));
-                }
-                Change::Deleted(r) => {
-                    objects.remove(&key(&r));
-                }
-                Change::Interrupted(e) => {
-                    tracing::debug!(error = %e, "Reservation watch interrupted; resuming");
-                    return;
-                }
-            }
+        let applied = self.lock().apply(change);
+        if let Err(e) = applied {
+            tracing::debug!(error = %e, "Reservation watch interrupted; resuming");
+            return;
         }
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }

@@ -1,4 +1,6 @@
-//! What the controller knows of the cluster, and the decisions it implies.
+//! The picture the reservation ledger is rebuilt from — what the
+//! controller knows of the cluster, one [`Mirror`] per kind — and the
+//! decisions it implies.
 //!
 //! Level-triggered: after every batch of watch changes the whole ledger is
 //! rebuilt from what the objects say — Instances, SlotClaims, Nodes, Pods
@@ -19,7 +21,7 @@ use steward_core::reservation::{
     self as core, Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, Phase,
     ReservationLedger,
 };
-use steward_kube::Change as Watch;
+use steward_kube::{Change as Watch, Mirror};
 
 /// A pod as the controller needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,22 +61,20 @@ impl PodFacts {
     }
 }
 
-/// Every object the decisions depend on, as last seen.
-#[derive(Debug, Default)]
-pub struct World {
-    instances: BTreeMap<String, InstanceCapacity>,
-    /// slot id → uid of the pod whose claim holds it.
-    claims: BTreeMap<String, String>,
-    /// SlotClaim object name → its slot (to release on delete).
-    claim_objects: BTreeMap<(String, String), String>,
-    reservations: BTreeMap<(String, String), Reservation>,
-    pods: BTreeMap<String, PodFacts>,
-    nodes: BTreeSet<String>,
-    /// node → the exclusive CPUs its resource manager publishes.
-    node_cpus: BTreeMap<String, NodeCpus>,
-    /// Which kinds have been listed at least once: nothing is decided
-    /// before all have (a pod not yet seen is not a pod that is gone).
-    listed: BTreeSet<&'static str>,
+/// Every object the decisions depend on, as last seen: one
+/// [`Mirror`] per kind, each keeping only what the decisions read.
+#[derive(Debug)]
+pub struct LedgerPicture {
+    /// Instance name → its capacity.
+    instances: Mirror<Instance, InstanceCapacity, String>,
+    /// SlotClaim object → (its slot, the uid of the pod it holds it for).
+    claims: Mirror<SlotClaim, (String, String)>,
+    reservations: Mirror<Reservation>,
+    /// pod uid → what the decisions need of the pod.
+    pods: Mirror<Pod, PodFacts, String>,
+    /// node name → the exclusive CPUs its resource manager publishes, if
+    /// any.
+    nodes: Mirror<Node, Option<NodeCpus>, String>,
 }
 
 /// A status to write.
@@ -89,154 +89,82 @@ pub struct Write {
     pub from: Option<String>,
 }
 
-const KINDS: [&str; 5] = ["instances", "slotclaims", "reservations", "pods", "nodes"];
-
-fn key<K: ResourceExt>(o: &K) -> (String, String) {
-    (o.namespace().unwrap_or_default(), o.name_any())
+impl Default for LedgerPicture {
+    fn default() -> Self {
+        Self {
+            instances: Mirror::keyed(name, |i: Instance| {
+                Some(InstanceCapacity {
+                    capacity: i.spec.capacity,
+                    nodes: i.spec.nodes.iter().cloned().collect(),
+                })
+            }),
+            claims: Mirror::projected(|c: SlotClaim| {
+                // A claim not yet attributed to a pod holds the slot for
+                // nobody we can name; it still holds it.
+                let holder = match c.spec.pod.as_ref() {
+                    Some(p) => p.uid.clone(),
+                    None => format!("unattributed/{}", c.spec.node),
+                };
+                Some((c.spec.slot_id(), holder))
+            }),
+            reservations: Mirror::new(),
+            pods: Mirror::keyed(|p: &Pod| p.metadata.uid.clone(), |p| Some(PodFacts::of(&p))),
+            nodes: Mirror::keyed(name, |n: Node| Some(node_cpus(&n))),
+        }
+    }
 }
 
-impl World {
-    /// Whether every kind has been listed.
+/// An object's name: the key of cluster-wide names (Instances are
+/// referred to by name alone, as slot ids do).
+fn name<K: ResourceExt>(o: &K) -> Option<String> {
+    Some(o.name_any())
+}
+
+/// The exclusive CPUs node `n` publishes. A document that does not parse
+/// counts as none: CPUs are not reserved on a node whose capacity cannot
+/// be read.
+fn node_cpus(n: &Node) -> Option<NodeCpus> {
+    match serde_json::from_str::<NodeCpus>(n.annotations().get(NODE_CPUS_ANNOTATION)?) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let name = n.name_any();
+            tracing::warn!(node = %name, error = %e, "unreadable {NODE_CPUS_ANNOTATION} annotation; no exclusive CPUs reserved there");
+            None
+        }
+    }
+}
+
+impl LedgerPicture {
+    /// Whether every kind has been listed: nothing is decided before all
+    /// have (a pod not yet seen is not a pod that is gone).
     pub fn ready(&self) -> bool {
-        KINDS.iter().all(|k| self.listed.contains(k))
+        self.instances.listed()
+            && self.claims.listed()
+            && self.reservations.listed()
+            && self.pods.listed()
+            && self.nodes.listed()
     }
 
+    // An interrupted watch changes nothing here: it resumes or relists.
+
     pub fn instances(&mut self, change: Watch<Instance>) {
-        let cap = |i: &Instance| InstanceCapacity {
-            capacity: i.spec.capacity,
-            nodes: i.spec.nodes.iter().cloned().collect(),
-        };
-        match change {
-            Watch::Relisted(all) => {
-                self.instances = all.iter().map(|i| (i.name_any(), cap(i))).collect();
-                self.listed.insert("instances");
-            }
-            Watch::Applied(i) => {
-                self.instances.insert(i.name_any(), cap(&i));
-            }
-            Watch::Deleted(i) => {
-                self.instances.remove(&i.name_any());
-            }
-            Watch::Interrupted(_) => {}
-        }
+        let _ = self.instances.apply(change);
     }
 
     pub fn slot_claims(&mut self, change: Watch<SlotClaim>) {
-        let holder = |c: &SlotClaim| c.spec.pod.as_ref().map(|p| p.uid.clone());
-        match change {
-            Watch::Relisted(all) => {
-                self.claims.clear();
-                self.claim_objects.clear();
-                for c in &all {
-                    self.claim_applied(c, holder(c));
-                }
-                self.listed.insert("slotclaims");
-            }
-            Watch::Applied(c) => {
-                if let Some(slot) = self.claim_objects.remove(&key(&c)) {
-                    self.claims.remove(&slot);
-                }
-                self.claim_applied(&c, holder(&c));
-            }
-            Watch::Deleted(c) => {
-                if let Some(slot) = self.claim_objects.remove(&key(&c)) {
-                    self.claims.remove(&slot);
-                }
-            }
-            Watch::Interrupted(_) => {}
-        }
-    }
-
-    fn claim_applied(&mut self, c: &SlotClaim, holder: Option<String>) {
-        let slot = c.spec.slot_id();
-        self.claim_objects.insert(key(c), slot.clone());
-        // A claim not yet attributed to a pod holds the slot for nobody we
-        // can name; it still holds it.
-        self.claims.insert(
-            slot,
-            holder.unwrap_or_else(|| format!("unattributed/{}", c.spec.node)),
-        );
+        let _ = self.claims.apply(change);
     }
 
     pub fn reservations(&mut self, change: Watch<Reservation>) {
-        match change {
-            Watch::Relisted(all) => {
-                self.reservations = all.into_iter().map(|r| (key(&r), r)).collect();
-                self.listed.insert("reservations");
-            }
-            Watch::Applied(r) => {
-                self.reservations.insert(key(&r), r);
-            }
-            Watch::Deleted(r) => {
-                self.reservations.remove(&key(&r));
-            }
-            Watch::Interrupted(_) => {}
-        }
+        let _ = self.reservations.apply(change);
     }
 
     pub fn pods(&mut self, change: Watch<Pod>) {
-        match change {
-            Watch::Relisted(all) => {
-                self.pods = all
-                    .iter()
-                    .filter_map(|p| Some((p.metadata.uid.clone()?, PodFacts::of(p))))
-                    .collect();
-                self.listed.insert("pods");
-            }
-            Watch::Applied(p) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    self.pods.insert(uid, PodFacts::of(&p));
-                }
-            }
-            Watch::Deleted(p) => {
-                if let Some(uid) = &p.metadata.uid {
-                    self.pods.remove(uid);
-                }
-            }
-            Watch::Interrupted(_) => {}
-        }
+        let _ = self.pods.apply(change);
     }
 
     pub fn nodes(&mut self, change: Watch<Node>) {
-        match change {
-            Watch::Relisted(all) => {
-                self.nodes.clear();
-                self.node_cpus.clear();
-                for n in &all {
-                    self.node_applied(n);
-                }
-                self.listed.insert("nodes");
-            }
-            Watch::Applied(n) => self.node_applied(&n),
-            Watch::Deleted(n) => {
-                self.nodes.remove(&n.name_any());
-                self.node_cpus.remove(&n.name_any());
-            }
-            Watch::Interrupted(_) => {}
-        }
-    }
-
-    fn node_applied(&mut self, n: &Node) {
-        let name = n.name_any();
-        // A document that does not parse counts as none: CPUs are not
-        // reserved on a node whose capacity cannot be read.
-        match n
-            .annotations()
-            .get(NODE_CPUS_ANNOTATION)
-            .map(|a| serde_json::from_str::<NodeCpus>(a))
-        {
-            Some(Ok(c)) => {
-                self.node_cpus.insert(name.clone(), c);
-            }
-            Some(Err(e)) => {
-                tracing::warn!(node = %name, error = %e, "unreadable {NODE_CPUS_ANNOTATION} annotation; no exclusive CPUs reserved there");
-                self.node_cpus.remove(&name);
-            }
-            None => {
-                self.node_cpus.remove(&name);
-            }
-        }
-        self.nodes.insert(name);
+        let _ = self.nodes.apply(change);
     }
 
     /// The statuses to write at `now` (milliseconds of the wall clock),
@@ -247,13 +175,15 @@ impl World {
             return Vec::new();
         }
         let mut ledger = ReservationLedger::new(ttl_ms);
-        for (name, cap) in &self.instances {
+        for (name, cap) in self.instances.iter() {
             let mut cap = cap.clone();
-            cap.nodes.retain(|n| self.nodes.contains(n));
+            cap.nodes.retain(|n| self.nodes.contains(n.as_str()));
             ledger.set_instance(name, cap);
         }
-        for (node, cpus) in &self.node_cpus {
-            ledger.set_node_cpus(node, Some(cpus.clone()));
+        for (node, cpus) in self.nodes.iter() {
+            if let Some(cpus) = cpus {
+                ledger.set_node_cpus(node, Some(cpus.clone()));
+            }
         }
         // What earlier decisions persisted.
         for r in self.reservations.values() {
@@ -261,7 +191,7 @@ impl World {
                 let mut rec = recorded(r, s);
                 if let Some(node) = rec.node.clone()
                     && rec.phase == Phase::Reserved
-                    && !self.nodes.contains(&node)
+                    && !self.nodes.contains(node.as_str())
                 {
                     rec.phase = Phase::Canceled;
                     rec.node = None;
@@ -275,7 +205,13 @@ impl World {
         // Reality: claims win over reservations of other pods.
         let mut consumed = BTreeSet::new();
         let mut changes = Vec::new();
-        for (slot, uid) in &self.claims {
+        // By slot, as the claims are observed.
+        let held: BTreeMap<&str, &str> = self
+            .claims
+            .values()
+            .map(|(slot, uid)| (slot.as_str(), uid.as_str()))
+            .collect();
+        for (slot, uid) in held {
             changes.extend(ledger.claim_observed(slot, uid));
         }
         changes.extend(ledger.settle());

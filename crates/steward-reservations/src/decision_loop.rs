@@ -1,4 +1,5 @@
-//! `steward controller`: the only writer of reservation decisions.
+//! The decision loop of `steward controller`, the only writer of
+//! reservation decisions.
 //!
 //! Replicas elect a leader on a Lease; only the leader follows the cluster
 //! and writes statuses (and, with [`ControllerConfig::device_classes`], the
@@ -22,7 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::world::{World, Write};
+use crate::ledger_picture::{LedgerPicture, Write};
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -130,27 +131,27 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
     let mut nodes = follow(Api::<Node>::all(client.clone()), all()).boxed();
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut world = World::default();
+    let mut picture = LedgerPicture::default();
     let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
     loop {
         tokio::select! {
-            Some(c) = instances.next() => world.instances(c),
-            Some(c) = claims.next() => world.slot_claims(c),
-            Some(c) = reservations.next() => world.reservations(c),
-            Some(c) = pods.next() => world.pods(c),
-            Some(c) = nodes.next() => world.nodes(c),
+            Some(c) = instances.next() => picture.instances(c),
+            Some(c) = claims.next() => picture.slot_claims(c),
+            Some(c) = reservations.next() => picture.reservations(c),
+            Some(c) = pods.next() => picture.pods(c),
+            Some(c) = nodes.next() => picture.nodes(c),
             _ = tick.tick() => {}
         }
         // Take everything already waiting before deciding, so a burst is
         // one rebuild.
         while let Some(Some(c)) = reservations.next().now_or_never() {
-            world.reservations(c);
+            picture.reservations(c);
         }
-        for w in world.reconcile(ttl_ms, now()) {
+        for w in picture.reconcile(ttl_ms, now()) {
             // A written decision counts at once: the next rebuild must not
             // hand its slots to another pod before the watch echoes it.
             if let Some(written) = write(&client, &events, w).await {
-                world.reservations(steward_kube::Change::Applied(written));
+                picture.reservations(steward_kube::Change::Applied(written));
             }
         }
     }
