@@ -1,6 +1,6 @@
 //! One discovery stream: a handler (embedded or external) asked to discover
-//! for one Configuration. The task reports what happens to the controller and
-//! never panics the agent: every failure becomes a message.
+//! for one Configuration. The task reports what happens to the discovery
+//! loop and never panics the agent: every failure becomes a message.
 
 use std::sync::Arc;
 

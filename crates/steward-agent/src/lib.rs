@@ -9,9 +9,9 @@
 
 pub mod claims;
 mod config;
-mod controller;
 pub mod deviceplugin;
 mod discovery;
+mod discovery_loop;
 pub mod dra;
 mod error;
 pub mod events;
@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use controller::{Controller, ControllerParts, Inputs};
+use discovery_loop::{DiscoveryLoop, DiscoveryLoopParts, Inputs};
 
 /// Run the agent's discovery until `shutdown` resolves.
 pub async fn run(
@@ -64,7 +64,7 @@ pub async fn run(
     // Dropping this future (an aborted agent task) stops what it spawned.
     let _cancel_on_drop = stop.clone().drop_guard();
     cfg.readiness.not_ready(
-        controller::READY_CONFIGURATIONS,
+        discovery_loop::READY_CONFIGURATIONS,
         "the Configurations have not been read and applied yet",
     );
     let (reg_tx, reg_rx) = mpsc::channel(64);
@@ -266,7 +266,7 @@ async fn drive<S: InstanceStore>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     mut server: ServerHandle,
 ) -> (Result<(), AgentError>, Option<ServerHandle>) {
-    let mut controller = Controller::new(ControllerParts {
+    let mut discovery_loop = DiscoveryLoop::new(DiscoveryLoopParts {
         node: cfg.node_name.clone(),
         store,
         registry,
@@ -279,11 +279,11 @@ async fn drive<S: InstanceStore>(
         local,
         readiness: cfg.readiness.clone(),
     });
-    if let Err(e) = controller.restore().await {
+    if let Err(e) = discovery_loop.restore().await {
         return (Err(e), Some(server));
     }
     tracing::info!(node = %cfg.node_name, socket = %cfg.registration_socket.display(), mode = ?cfg.mode, "agent discovery started");
-    let run = controller.run(inputs, shutdown);
+    let run = discovery_loop.run(inputs, shutdown);
     tokio::pin!(run);
     tokio::select! {
         () = &mut run => (Ok(()), Some(server)),

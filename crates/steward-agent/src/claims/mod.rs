@@ -11,7 +11,7 @@
 //! * [`LocalClaimStore`] — the node's durable ledger: a table of the node
 //!   store, each write one fsync'd redb transaction.
 //! * [`KubeClaimStore`] — the cluster: one `SlotClaim` object per slot,
-//!   named after the slot, in the Instance's namespace (see [`cluster`] for
+//!   named after the slot, in the Instance's namespace (see [`kube`] for
 //!   the write protocol and garbage collection), and [`watch_claims`] to
 //!   learn other nodes' claims.
 //!
@@ -19,7 +19,7 @@
 //! `Instance.status.slots` — lives with the benchmark that compares the two
 //! (`benches/support/instance_status.rs`); the agent does not ship it.
 
-pub mod cluster;
+pub mod kube;
 mod local;
 
 use std::future::Future;
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use steward_core::slots::Claim;
 
-pub use cluster::{ClaimEvent, InstanceDirectory, InstanceRef, KubeClaimStore, watch_claims};
+pub use self::kube::{ClaimEvent, InstanceDirectory, InstanceRef, KubeClaimStore, watch_claims};
 pub use local::LocalClaimStore;
 
 /// Default bound on conflicting attempts (409 → re-read → retry) of one
@@ -158,10 +158,12 @@ impl Counters {
 /// Maps a Kubernetes client error: server-side unavailability (5xx, 429)
 /// and transport failures are [`ClaimError::Unreachable`], everything else
 /// (4xx, decoding) is [`ClaimError::Failed`].
-pub fn api_error(op: &str, name: &str, e: kube::Error) -> ClaimError {
+pub fn api_error(op: &str, name: &str, e: ::kube::Error) -> ClaimError {
     let unreachable = match &e {
-        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
+        ::kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        ::kube::Error::HyperError(_) | ::kube::Error::Service(_) | ::kube::Error::ReadEvents(_) => {
+            true
+        }
         _ => false,
     };
     let message = format!("{op} {name}: {e}");
