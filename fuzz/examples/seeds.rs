@@ -338,5 +338,54 @@ fn h2_authority_seeds() -> std::io::Result<()> {
         "rewrite-grpcio-continuation",
         &tagged(1, &c),
     )?;
+    // nri_wire: one read size, then the runtime's stream (Configure and a
+    // CreateContainer on connection 1, RegisterPlugin's answer on 2, a
+    // frame for a connection nobody opened).
+    {
+        use steward_nri::proto::nri;
+        let mut stream = Vec::new();
+        let configure = nri::ConfigureRequest {
+            runtime_name: "containerd".into(),
+            runtime_version: "2.1.9".into(),
+            registration_timeout: 5000,
+            request_timeout: 2000,
+            ..Default::default()
+        };
+        let create = nri::CreateContainerRequest {
+            pod: Some(nri::PodSandbox {
+                id: "0123456789abcdef".into(),
+                name: "web-0".into(),
+                namespace: "default".into(),
+                ..Default::default()
+            }),
+            container: Some(nri::Container {
+                id: "fedcba9876543210".into(),
+                name: "app".into(),
+                env: vec!["A=".repeat(3000)],
+                ..Default::default()
+            }),
+        };
+        let msgs = [
+            (1, "Configure", configure.encode_to_vec()),
+            (3, "CreateContainer", create.encode_to_vec()),
+        ];
+        for (id, method, payload) in msgs {
+            if let Ok(m) = steward_nri::ttrpc::encode_request(
+                id,
+                nri::PLUGIN_SERVICE,
+                method,
+                payload,
+                2_000_000_000,
+            ) {
+                steward_nri::mux::encode(1, &m, &mut stream);
+            }
+        }
+        if let Ok(m) = steward_nri::ttrpc::encode_response(1, None, Vec::new()) {
+            steward_nri::mux::encode(2, &m, &mut stream);
+        }
+        steward_nri::mux::encode(7, b"ignored", &mut stream);
+        write("nri_wire", "session", &tagged(200, &stream))?;
+        write("nri_wire", "one-byte-reads", &tagged(1, &stream))?;
+    }
     Ok(())
 }

@@ -1,0 +1,246 @@
+//! steward-nri against a real containerd 2.1.9: the plugin registers, is
+//! synchronised, sees a pod and its container created through CRI (a CRI
+//! client of the test's own, not the plugin), and the cpuset its
+//! CreateContainer answer sets is what the container runs with (cgroup v1
+//! `cpuset.cpus` and the process's `Cpus_allowed_list`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
+mod support;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use steward_nri::proto::nri::{
+    ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, CreateContainerRequest,
+    CreateContainerResponse, Event, LinuxContainerAdjustment, LinuxCpu, LinuxResources, PodSandbox,
+    StateChangeEvent,
+};
+use steward_nri::{EventMask, Handler, RpcStatus, Session, SessionConfig};
+use steward_testing_containerd as harness;
+use tokio::sync::mpsc;
+
+/// What the handler saw, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Configure {
+        runtime: String,
+        version: String,
+        request_timeout_ms: i64,
+    },
+    Synchronize {
+        pods: usize,
+        containers: usize,
+    },
+    State(Event, String),
+    Create(String, Duration),
+}
+
+struct Recorder {
+    tx: mpsc::UnboundedSender<Seen>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+impl Recorder {
+    fn note(&self, s: Seen) {
+        if let Ok(mut v) = self.seen.lock() {
+            v.push(s.clone());
+        }
+        let _ = self.tx.send(s);
+    }
+}
+
+impl Handler for Recorder {
+    async fn configure(&self, req: ConfigureRequest) -> Result<EventMask, RpcStatus> {
+        self.note(Seen::Configure {
+            runtime: req.runtime_name,
+            version: req.runtime_version,
+            request_timeout_ms: req.request_timeout,
+        });
+        Ok(EventMask::of(&[
+            Event::RunPodSandbox,
+            Event::CreateContainer,
+            Event::StartContainer,
+            Event::RemoveContainer,
+            Event::RemovePodSandbox,
+        ]))
+    }
+
+    async fn synchronize(
+        &self,
+        pods: Vec<PodSandbox>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, RpcStatus> {
+        self.note(Seen::Synchronize {
+            pods: pods.len(),
+            containers: containers.len(),
+        });
+        Ok(Vec::new())
+    }
+
+    async fn create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> Result<CreateContainerResponse, RpcStatus> {
+        let started = Instant::now();
+        let name = req.container.map(|c| c.name).unwrap_or_default();
+        let resp = CreateContainerResponse {
+            adjust: Some(ContainerAdjustment {
+                linux: Some(LinuxContainerAdjustment {
+                    resources: Some(LinuxResources {
+                        cpu: Some(LinuxCpu {
+                            cpus: "0".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.note(Seen::Create(name, started.elapsed()));
+        Ok(resp)
+    }
+
+    async fn state_change(&self, ev: StateChangeEvent) -> Result<(), RpcStatus> {
+        let who = match (&ev.container, &ev.pod) {
+            (Some(c), _) => c.name.clone(),
+            (None, Some(p)) => p.name.clone(),
+            _ => String::new(),
+        };
+        self.note(Seen::State(ev.event(), who));
+        Ok(())
+    }
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<Seen>, what: &str) -> Seen {
+    match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+        Ok(Some(s)) => s,
+        _ => panic!("no {what} reached the handler"),
+    }
+}
+
+async fn wait_for(
+    rx: &mut mpsc::UnboundedReceiver<Seen>,
+    what: &str,
+    f: impl Fn(&Seen) -> bool,
+) -> Seen {
+    loop {
+        let s = next(rx, what).await;
+        if f(&s) {
+            return s;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with() {
+    let Some(bin) = support::bin_dir_or_skip("real_containerd") else {
+        return;
+    };
+    let ctrd = support::Containerd2::start(bin);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let recorder = Recorder {
+        tx,
+        seen: Mutex::new(Vec::new()),
+    };
+    let session = Session::start(
+        SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
+        recorder,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("register: {e}\n{}", ctrd.log()));
+
+    match next(&mut rx, "Configure").await {
+        Seen::Configure {
+            runtime,
+            version,
+            request_timeout_ms,
+        } => {
+            assert_eq!(runtime, "containerd");
+            assert!(version.starts_with("2.1.9"), "{version}");
+            assert_eq!(request_timeout_ms, 2000);
+        }
+        other => panic!("expected Configure first, got {other:?}"),
+    }
+    assert_eq!(
+        next(&mut rx, "Synchronize").await,
+        Seen::Synchronize {
+            pods: 0,
+            containers: 0
+        }
+    );
+
+    let (mut cri, _images) = harness::cri_client(ctrd.sock()).await.expect("CRI client");
+    let sandbox =
+        harness::pod_sandbox_config(&ctrd.cgroup_parent, "nri", harness::PodNetwork::Host);
+    let pod_name = sandbox
+        .metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
+    let spec = harness::ContainerSpec::new("pinned");
+    let t0 = Instant::now();
+    let (sandbox_id, container_id) = harness::run_pod_with_container(&mut cri, &sandbox, &spec)
+        .await
+        .unwrap_or_else(|e| panic!("run pod: {e}\n{}", ctrd.log()));
+    let pod_and_container_ms = t0.elapsed().as_millis();
+
+    wait_for(&mut rx, "RunPodSandbox", |s| {
+        *s == Seen::State(Event::RunPodSandbox, pod_name.clone())
+    })
+    .await;
+    let took = match wait_for(&mut rx, "CreateContainer", |s| {
+        matches!(s, Seen::Create(..))
+    })
+    .await
+    {
+        Seen::Create(name, took) => {
+            assert_eq!(name, "pinned");
+            took
+        }
+        _ => unreachable!(),
+    };
+    wait_for(&mut rx, "StartContainer", |s| {
+        *s == Seen::State(Event::StartContainer, "pinned".into())
+    })
+    .await;
+    eprintln!(
+        "handler answered CreateContainer in {} µs; RunPodSandbox+CreateContainer+StartContainer through CRI took {pod_and_container_ms} ms",
+        took.as_micros()
+    );
+
+    let parent = sandbox
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default();
+    let cpuset = harness::host_cgroup_dir("cpuset", &parent, &container_id).join("cpuset.cpus");
+    let cpus =
+        std::fs::read_to_string(&cpuset).unwrap_or_else(|e| panic!("{}: {e}", cpuset.display()));
+    assert_eq!(cpus.trim(), "0", "{}", cpuset.display());
+    let status = harness::exec_sync(&mut cri, &container_id, &["cat", "/proc/1/status"])
+        .await
+        .expect("exec");
+    let allowed = status
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .unwrap_or_default();
+    assert_eq!(allowed.split_whitespace().nth(1), Some("0"), "{allowed}");
+
+    harness::cleanup_pod(&mut cri, &sandbox_id)
+        .await
+        .expect("cleanup");
+    wait_for(&mut rx, "RemoveContainer", |s| {
+        *s == Seen::State(Event::RemoveContainer, "pinned".into())
+    })
+    .await;
+    wait_for(&mut rx, "RemovePodSandbox", |s| {
+        *s == Seen::State(Event::RemovePodSandbox, pod_name.clone())
+    })
+    .await;
+    drop(session);
+}
