@@ -41,8 +41,8 @@ mod testing;
 pub use model::{
     ANN_BALLOON, ANN_MEMORY_TIER, ANN_PREFER_ISOLATED, ANN_PREFER_SHARED, CONTAINER_SUFFIX,
     ContainerKey, ContainerRequest, ContainerResources, Core, Cpu, CpuSet, CpuSetError,
-    CriResources, DerivedResources, KNOWN_ANNOTATIONS, MAX_ID, MemoryKind, NumaNode, Picker, Qos,
-    SyntheticSpec, Topology, TopologyError, cpu_limit_from_quota, cpu_request_from_shares,
+    CriResources, DerivedResources, Hints, KNOWN_ANNOTATIONS, MAX_ID, MemoryKind, NumaNode, Picker,
+    Qos, SyntheticSpec, Topology, TopologyError, cpu_limit_from_quota, cpu_request_from_shares,
     derive_from_cri, is_policy_annotation, qos_from_cgroup_parent, qos_of,
 };
 pub use policy::{
