@@ -6,7 +6,7 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use steward_resmgr::FileConfig;
-use steward_resmgr::cluster::{Selected, parse_selected};
+use steward_resmgr::cluster_config::{Selected, parse_selected};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

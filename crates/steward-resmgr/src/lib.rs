@@ -14,24 +14,25 @@
 //! takes the same lock. Relayed calls never wait on it.
 //!
 //! Optionally ([`ProxyConfig::cluster`]) configuration also comes from
-//! ConfigMaps and the policy and topology are published on the Node (see
-//! [`cluster`]).
+//! ConfigMaps ([`cluster_config`]) and the policy and topology are published
+//! on the Node ([`node_publisher`]).
 //!
 //! Start it with [`run`], or [`Proxy::start`] to keep a handle (tests).
 
 pub mod assignments;
 pub mod cache;
 pub mod cgroups;
-pub mod cluster;
+pub mod cluster_config;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod manager;
 pub mod metrics;
+pub mod node_publisher;
 pub mod quantity;
 pub mod relay;
 pub mod requests;
 pub mod reservations;
-pub mod resmgr;
 pub mod server;
 
 use std::future::Future;
@@ -47,14 +48,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use cluster::ClusterConfig;
+pub use config::ClusterConfig;
 pub use config::{AUTHORITY_FIX_DEFAULT, FileConfig, ProxyConfig};
 pub use error::ResmgrError;
-pub use metrics::Metrics;
-pub use resmgr::{
+pub use manager::{
     ControlReport, Event, POLICY_DECISION_FAILED, PipelineGuard, ResourceManager, ResyncReport,
     VerifyReport,
 };
+pub use metrics::Metrics;
 
 /// A running proxy.
 pub struct Proxy {
@@ -98,7 +99,7 @@ fn choose_policy(
 
 /// Hands `p` to the Node publisher when it differs from what it has (the
 /// Node is patched only on change).
-fn offer(tx: &watch::Sender<Option<cluster::Publication>>, p: cluster::Publication) {
+fn offer(tx: &watch::Sender<Option<node_publisher::Publication>>, p: node_publisher::Publication) {
     tx.send_if_modified(|cur| {
         let changed = cur.as_ref() != Some(&p);
         if changed {
@@ -123,10 +124,10 @@ impl Proxy {
             }
             None => (FileConfig::default(), None),
         };
-        let mut sources = cluster::ConfigSources::new(file_cfg);
+        let mut sources = cluster_config::ConfigSources::new(file_cfg);
         let mut cluster_updates = None;
         if let Some(c) = &cfg.cluster {
-            let mut updates = Box::pin(cluster::watch(c, cfg.metrics.clone()));
+            let mut updates = Box::pin(cluster_config::watch(c, cfg.metrics.clone()));
             match tokio::time::timeout(c.initial_timeout, updates.next()).await {
                 Ok(Some(u)) => {
                     sources.cluster_changed(u);
@@ -247,7 +248,7 @@ impl Proxy {
             manager.emit_events(sink);
             tasks.push(events_task);
             let _ = publish_tx.send(Some(manager.publication().await));
-            tasks.push(tokio::spawn(cluster::NodePublisher::new(c).run(
+            tasks.push(tokio::spawn(node_publisher::NodePublisher::new(c).run(
                 publish_rx,
                 c.publish_retry,
                 cfg.metrics.clone(),

@@ -21,7 +21,7 @@ use kube::runtime::watcher;
 use steward_api::Reservation;
 use steward_core::cpu::{Assignment, ContainerKey, CpuSet, PolicyConfig, PolicyKind, Topology};
 use steward_core::reservation::NodeCpus;
-use steward_kube::{Change, follow};
+use steward_kube::{Mirror, follow};
 
 /// Pod uid → (NUMA node, CPUs) held for it on this node.
 pub type Holds = BTreeMap<String, (u32, u32)>;
@@ -81,28 +81,11 @@ pub fn holds_of<'a>(node: &str, all: impl IntoIterator<Item = &'a Reservation>) 
 /// holds last seen stay).
 pub fn watch_holds(client: kube::Client, node: String) -> impl Stream<Item = Holds> + Send {
     let api: Api<Reservation> = Api::all(client);
-    let mut all: BTreeMap<(String, String), Reservation> = BTreeMap::new();
-    let key = |r: &Reservation| {
-        (
-            r.metadata.namespace.clone().unwrap_or_default(),
-            r.metadata.name.clone().unwrap_or_default(),
-        )
-    };
+    let mut all: Mirror<Reservation> = Mirror::new();
     follow(api, watcher::Config::default()).filter_map(move |change| {
-        let changed = match change {
-            Change::Relisted(list) => {
-                all = list.into_iter().map(|r| (key(&r), r)).collect();
-                true
-            }
-            Change::Applied(r) => {
-                all.insert(key(&r), r);
-                true
-            }
-            Change::Deleted(r) => {
-                all.remove(&key(&r));
-                true
-            }
-            Change::Interrupted(e) => {
+        let changed = match all.apply(change) {
+            Ok(_) => true,
+            Err(e) => {
                 tracing::warn!(error = %e, "the Reservation watch failed; retrying (holds as last seen)");
                 false
             }

@@ -19,9 +19,9 @@ use tonic::body::Body;
 use tracing::{debug, info, warn};
 
 use crate::error::ResmgrError;
+use crate::manager::ResourceManager;
 use crate::metrics::Metrics;
 use crate::relay::Upstream;
-use crate::resmgr::ResourceManager;
 
 /// Method paths the resource manager intercepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

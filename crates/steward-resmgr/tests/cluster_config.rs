@@ -11,10 +11,10 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use steward_core::cpu::{Cpu, CpuSet, MemoryKind, NumaNode, PolicyConfig, PolicyKind, Topology};
-use steward_resmgr::cluster::{
-    self, ClusterConfig, ClusterUpdate, ConfigSelector, ConfigSources, NodePublisher, Publication,
-};
-use steward_resmgr::{FileConfig, Metrics};
+use steward_kube::Change;
+use steward_resmgr::cluster_config::{self, ClusterUpdate, ConfigSelector, ConfigSources};
+use steward_resmgr::node_publisher::{NodePublisher, Publication};
+use steward_resmgr::{ClusterConfig, FileConfig, Metrics};
 use steward_testing_apiserver::ApiServer;
 
 type Updates = Pin<Box<dyn Stream<Item = ClusterUpdate> + Send>>;
@@ -50,13 +50,30 @@ fn policy_of(u: &ClusterUpdate) -> (String, PolicyKind) {
     }
 }
 
+/// A ConfigMap `name` was added or changed; `doc: None` has no document.
+fn upsert(s: &mut ConfigSelector, name: &str, doc: Option<&str>) {
+    let map = match doc {
+        Some(d) => cm(name, d),
+        None => serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": NS },
+        }))
+        .unwrap(),
+    };
+    s.apply(Change::Applied(map)).unwrap();
+}
+
+/// The ConfigMap `name` was deleted.
+fn remove(s: &mut ConfigSelector, name: &str) {
+    s.apply(Change::Deleted(cm(name, ""))).unwrap();
+}
+
 #[test]
 fn selection_prefers_node_then_group_then_default() {
     let mut s = ConfigSelector::new("n1");
     assert_eq!(s.resolve(), None);
-    s.upsert("steward-resmgr.default", Some("d".into()));
-    s.upsert("steward-resmgr.group.blue", Some("b".into()));
-    s.upsert("steward-resmgr.node.n2", Some("other node".into()));
+    upsert(&mut s, "steward-resmgr.default", Some("d"));
+    upsert(&mut s, "steward-resmgr.group.blue", Some("b"));
+    upsert(&mut s, "steward-resmgr.node.n2", Some("other node"));
     assert_eq!(s.resolve().unwrap().name, "steward-resmgr.default");
     s.set_group(Some("blue".into()));
     assert_eq!(s.resolve().unwrap().name, "steward-resmgr.group.blue");
@@ -67,23 +84,23 @@ fn selection_prefers_node_then_group_then_default() {
         "a group without a ConfigMap falls back to the default"
     );
     s.set_group(Some("blue".into()));
-    s.upsert("steward-resmgr.node.n1", None);
+    upsert(&mut s, "steward-resmgr.node.n1", None);
     let sel = s.resolve().unwrap();
     assert_eq!(sel.name, "steward-resmgr.node.n1");
     assert_eq!(sel.document, None);
-    s.remove("steward-resmgr.node.n1");
+    remove(&mut s, "steward-resmgr.node.n1");
     assert_eq!(s.resolve().unwrap().document.as_deref(), Some("b"));
-    s.remove("steward-resmgr.group.blue");
-    s.remove("steward-resmgr.default");
+    remove(&mut s, "steward-resmgr.group.blue");
+    remove(&mut s, "steward-resmgr.default");
     assert_eq!(s.resolve(), None);
 
     // changed() reports each resolution once.
     let mut s = ConfigSelector::new("n1");
     assert_eq!(s.changed(), Some(None));
     assert_eq!(s.changed(), None);
-    s.upsert("steward-resmgr.default", Some("x".into()));
+    upsert(&mut s, "steward-resmgr.default", Some("x"));
     assert!(s.changed().is_some());
-    s.upsert("steward-resmgr.group.g", Some("unused".into()));
+    upsert(&mut s, "steward-resmgr.group.g", Some("unused"));
     assert_eq!(
         s.changed(),
         None,
@@ -143,7 +160,7 @@ async fn cluster_source_and_node_publisher_against_the_apiserver() -> TestResult
 
     let mut c = ClusterConfig::new(client.clone(), "n1");
     c.publish_retry = Duration::from_millis(100);
-    let mut updates: Updates = Box::pin(cluster::watch(&c, Metrics::default()));
+    let mut updates: Updates = Box::pin(cluster_config::watch(&c, Metrics::default()));
 
     // Group ConfigMap first (node's group label), then live changes.
     let first = next(&mut updates).await;

@@ -488,7 +488,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
             let n = nodes.get("node-a").await.ok()?;
             n.metadata
                 .annotations?
-                .contains_key(steward_resmgr::cluster::TOPOLOGY_ANNOTATION)
+                .contains_key(steward_resmgr::node_publisher::TOPOLOGY_ANNOTATION)
                 .then_some(())
         }
     })

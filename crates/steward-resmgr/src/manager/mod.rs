@@ -401,9 +401,9 @@ impl ResourceManager {
 
     /// What the node publisher shows: the running policy on this topology
     /// with the running parameters.
-    pub async fn publication(&self) -> crate::cluster::Publication {
+    pub async fn publication(&self) -> crate::node_publisher::Publication {
         let st = self.state.lock().await;
-        crate::cluster::Publication::new(
+        crate::node_publisher::Publication::new(
             &st.topology,
             st.policy.kind(),
             &st.config.policy.config,
