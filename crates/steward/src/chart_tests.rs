@@ -174,7 +174,7 @@ fn chart_lints_and_renders_under_every_value_set() {
                     Some("RuntimeDefault"),
                     "{what}"
                 );
-                assert!(c["resources"]["requests"].is_mapping(), "{what}");
+                assert!(c["resources"]["requests"].is_object(), "{what}");
                 for m in c["volumeMounts"].as_array().into_iter().flatten() {
                     let name = m["name"].as_str().unwrap();
                     assert!(

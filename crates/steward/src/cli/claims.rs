@@ -3,11 +3,10 @@
 use steward_api::SlotClaim;
 
 use super::Format;
-use super::cluster::{
-    Cluster, ClusterArgs, List, ScopeArgs, age, claim_pod, claim_since_ms, claim_state, created_ms,
-    dash, key, nothing_found, now_ms, structured,
-};
+use super::cells::{claim_pod, claim_since_ms, claim_state, dash};
+use super::kube_view::{Cluster, ClusterArgs, List, ScopeArgs, key, nothing_found, structured};
 use super::output::table;
+use super::times::{age, created_ms, now_ms};
 
 #[derive(Debug, clap::Args)]
 pub struct GetArgs {
@@ -100,7 +99,7 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cluster::fixtures::{CREATED_MS, claim};
+    use super::super::fixtures::{CREATED_MS, claim};
     use super::*;
 
     #[test]

@@ -10,12 +10,11 @@ use anyhow::bail;
 use kube::Api;
 use steward_api::{Configuration, Instance, InstanceStatus, SlotClaim, slot_id};
 
-use super::cluster::{
-    Cluster, ClusterArgs, ScopeArgs, by_instance, claim_pod, claim_since_ms, claim_state,
-    created_ms, dash, now_ms, one_line, plural, when,
-};
+use super::cells::{claim_pod, claim_since_ms, claim_state, dash};
+use super::kube_view::{Cluster, ClusterArgs, ScopeArgs, by_instance, one_line, plural};
 use super::output::table;
 use super::slots::FREE;
+use super::times::{created_ms, now_ms, when};
 
 #[derive(Debug, clap::Args)]
 pub struct InstanceArgs {
@@ -308,8 +307,8 @@ pub async fn instance(args: InstanceArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cluster::by_instance;
-    use super::super::cluster::fixtures::{CREATED_MS, claim, instance};
+    use super::super::fixtures::{CREATED_MS, claim, instance};
+    use super::super::kube_view::by_instance;
     use super::*;
 
     #[test]

@@ -18,10 +18,10 @@ use steward_core::reservation::reservation_name;
 use steward_proto::podresources::v1 as wire;
 
 use super::Format;
-use super::cluster::{
-    Cluster, ClusterArgs, ScopeArgs, claim_since_ms, claim_state, now_ms, structured, when,
-};
+use super::cells::{claim_since_ms, claim_state};
+use super::kube_view::{Cluster, ClusterArgs, ScopeArgs, structured};
 use super::output::table;
+use super::times::{now_ms, when};
 
 #[derive(Debug, clap::Args)]
 pub struct PodArgs {
@@ -378,7 +378,7 @@ pub async fn pod(args: PodArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cluster::fixtures::claim;
+    use super::super::fixtures::claim;
     use super::*;
 
     #[test]

@@ -7,7 +7,7 @@ use serde::Serialize;
 use steward_api::Configuration;
 
 use super::Format;
-use super::cluster::{Cluster, ClusterArgs, ScopeArgs, nothing_found, structured};
+use super::kube_view::{Cluster, ClusterArgs, ScopeArgs, nothing_found, structured};
 use super::output::table;
 
 #[derive(Debug, clap::Args)]

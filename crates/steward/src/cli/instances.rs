@@ -5,11 +5,12 @@
 use steward_api::Instance;
 
 use super::Format;
-use super::cluster::{
-    Cluster, ClusterArgs, List, ScopeArgs, Snapshot, age, created_ms, list_or_none, nothing_found,
-    now_ms, structured,
+use super::cells::list_or_none;
+use super::kube_view::{
+    Cluster, ClusterArgs, List, ScopeArgs, Snapshot, nothing_found, structured,
 };
 use super::output::table;
+use super::times::{age, created_ms, now_ms};
 
 #[derive(Debug, clap::Args)]
 pub struct GetArgs {
@@ -118,7 +119,7 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
         }
         Format::Json | Format::Yaml => {
             let mut items: Vec<Instance> = cluster.list(&args.scope).await?;
-            items.sort_by_key(super::cluster::key);
+            items.sort_by_key(super::kube_view::key);
             structured(&List::new(&items), args.output == Format::Json)?
         }
     };
@@ -152,8 +153,8 @@ async fn get_local(dir: &std::path::Path, args: &GetArgs) -> anyhow::Result<()> 
 
 #[cfg(test)]
 mod tests {
-    use super::super::cluster::by_instance;
-    use super::super::cluster::fixtures::{claim, instance};
+    use super::super::fixtures::{claim, instance};
+    use super::super::kube_view::by_instance;
     use super::*;
 
     #[test]

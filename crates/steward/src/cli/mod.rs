@@ -3,22 +3,26 @@
 //!
 //! `assignments` read the node's pod resources socket; `instances`,
 //! `claims`, `slots` and `describe instance` read the cluster like kubectl
-//! (`--kubeconfig`, `--context`, `-n`, `-A`; see [`cluster`]).
+//! (`--kubeconfig`, `--context`, `-n`, `-A`; see [`kube_view`]).
 //!
 //! Errors are one line on stderr and exit code 1 (clap's usage errors: 2),
 //! so scripts can rely on them.
 
 mod assignments;
+mod cells;
 mod claims;
-mod cluster;
 mod describe;
 mod explain;
+#[cfg(test)]
+mod fixtures;
 mod handlers;
 mod instances;
+mod kube_view;
 pub mod local;
 mod output;
 mod quiet;
 mod slots;
+mod times;
 
 use std::path::PathBuf;
 

@@ -5,11 +5,10 @@ use serde::Serialize;
 use steward_api::{Instance, PodRef, SlotClaim, slot_id};
 
 use super::Format;
-use super::cluster::{
-    Cluster, ClusterArgs, ScopeArgs, Snapshot, age, claim_since_ms, claim_state, dash,
-    nothing_found, now_ms, rfc3339, structured,
-};
+use super::cells::{claim_since_ms, claim_state, dash};
+use super::kube_view::{Cluster, ClusterArgs, ScopeArgs, Snapshot, nothing_found, structured};
 use super::output::table;
+use super::times::{age, now_ms, rfc3339};
 
 #[derive(Debug, clap::Args)]
 pub struct GetArgs {
@@ -181,8 +180,8 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cluster::by_instance;
-    use super::super::cluster::fixtures::{CREATED_MS, claim, instance};
+    use super::super::fixtures::{CREATED_MS, claim, instance};
+    use super::super::kube_view::by_instance;
     use super::*;
 
     fn snap() -> Snapshot {
