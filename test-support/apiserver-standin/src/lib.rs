@@ -39,6 +39,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+/// Log target of the warning that CEL rules are not evaluated, apart so a
+/// front end (the one-machine run) can lower it alone.
+pub const CEL_NOT_EVALUATED: &str = "steward_testing_apiserver::store::cel";
+
 pub use error::{ApiError, Error, FieldError, FieldErrorKind, NOT_IMPLEMENTED};
 pub use selector::{FieldSelector, LabelSelector};
 pub use stats::{Access, Stats};

@@ -1755,7 +1755,7 @@ fn crd_types(crd: &Value, name: &str) -> Result<Vec<ResourceType>, ApiError> {
         if let Some(schema) = &rt.schema
             && schema.to_string().contains("x-kubernetes-validations")
         {
-            tracing::warn!(%name, "x-kubernetes-validations (CEL) rules are not evaluated by the API server stand-in");
+            tracing::warn!(target: crate::CEL_NOT_EVALUATED, %name, "x-kubernetes-validations (CEL) rules are not evaluated by the API server stand-in");
         }
         rt.printer_columns = v
             .get("additionalPrinterColumns")

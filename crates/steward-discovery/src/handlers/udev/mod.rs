@@ -55,6 +55,9 @@ pub const MAX_PROPERTY_VALUE: usize = 1024;
 pub const MAX_RULES: usize = 64;
 /// Longest rule.
 pub const MAX_RULE_LEN: usize = 4096;
+/// Log target of the "udevd does not seem to run" warning, apart so a front
+/// end (the one-machine run) can lower it alone.
+pub const NO_UDEVD: &str = "steward_discovery::handlers::udev::no_udevd";
 /// Where a running udevd keeps its control socket.
 const UDEVD_CONTROL: &str = "/run/udev/control";
 /// How often the monitor thread checks that its stream is still wanted.
@@ -262,7 +265,7 @@ fn open_monitor(rules: &RuleSet) -> std::io::Result<udev::MonitorSocket> {
     let mut builder = if udevd_running() {
         udev::MonitorBuilder::new()?
     } else {
-        tracing::warn!("{NAME}: udevd does not seem to run, monitoring kernel uevents instead");
+        tracing::warn!(target: NO_UDEVD, "{NAME}: udevd does not seem to run, monitoring kernel uevents instead");
         udev::MonitorBuilder::new_kernel()?
     };
     if let Some(subsystems) = rules.subsystems() {

@@ -26,15 +26,48 @@ struct Args {
     /// Print only the summary.
     #[arg(long)]
     quiet: bool,
-    /// Log filter for steward's own logs (stderr).
-    #[arg(long, env = "STEWARD_LOG", default_value = "warn")]
-    log: String,
+    /// Log filter for the logs on stderr (default: warnings, without the
+    /// stand-ins' and this machine's notes; also RUST_LOG).
+    #[arg(long, env = "STEWARD_LOG")]
+    log: Option<String>,
+    /// Every warning, including the API server stand-in's (CEL rules not
+    /// evaluated) and udev's (udevd not running) notes.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+/// Warnings, less two a new user would see first that say nothing about
+/// steward: the API server stand-in does not evaluate CEL rules (steward's
+/// CRDs carry some), and udev discovery falls back to kernel uevents where
+/// udevd does not run (containers, minimal machines).
+fn default_filter() -> String {
+    format!(
+        "warn,{}=error,{}=error",
+        steward_testing_apiserver::CEL_NOT_EVALUATED,
+        steward_discovery::handlers::udev::NO_UDEVD
+    )
+}
+
+/// `--log`, `STEWARD_LOG` or `RUST_LOG` when given; else every warning with
+/// `--verbose`, or [`default_filter`].
+fn filter(args: &Args) -> EnvFilter {
+    let asked = args
+        .log
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .filter(|f| !f.trim().is_empty());
+    let directives = match asked {
+        Some(f) => f,
+        None if args.verbose => "warn".to_string(),
+        None => default_filter(),
+    };
+    EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("warn"))
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_env_filter(filter(&args))
         .with_writer(std::io::stderr)
         .init();
     let opts = steward_demo::Options {
