@@ -6,7 +6,7 @@
 //! `unified` mount without cpuset/memory/io) is driven as v1.
 //!
 //! The shape follows youki's libcgroups: the trait and detection here,
-//! [`v1`] and [`v2`] with one implementation each, file helpers and path
+//! `v1` and `v2` with one implementation each, file helpers and path
 //! normalization in `common`, the block I/O class both write in `blockio`.
 
 mod blockio;
