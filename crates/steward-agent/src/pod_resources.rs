@@ -6,19 +6,20 @@
 //! `deviceplugin::view`), the CRI resource manager's assignments (followed
 //! over the proxy's own pod resources socket, when configured), and
 //! kubelet's report (its pod resources socket, polled; kubelet's `List`
-//! names pods without UIDs, so they are resolved through a reflector of
-//! this node's pods, whose deletions also drop a pod from the view at once).
+//! names pods without UIDs, so they are resolved through a mirror of this
+//! node's pods' UIDs, whose deletions also drop a pod from the view at
+//! once).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use steward_core::ledger::Source;
+use steward_kube::{Mirror, ObjectKey, follow};
 use steward_podresources::follow::{Resolver, follow_list, follow_watch};
 use steward_podresources::{Hub, PodResourcesMetrics, WatchLimits};
 use tokio::task::JoinHandle;
@@ -115,21 +116,25 @@ pub(crate) fn start(
         )));
     }
     if let (Some(client), Some(kubelet)) = (client, &cfg.kubelet_socket) {
-        let (reader, writer) = reflector::store::<Pod>();
+        // This node's pods: their UIDs by namespace and name.
+        let uids = Arc::new(Mutex::new(Mirror::projected(|p: Pod| p.uid())));
         let pods: Api<Pod> = Api::all(client);
         let selector = format!("spec.nodeName={node}");
-        let stream = reflector::reflector(
-            writer,
-            watcher(pods, watcher::Config::default().fields(&selector)),
-        );
+        let changes = follow(pods, watcher::Config::default().fields(&selector));
         {
-            let hub = hub.clone();
+            let (hub, uids) = (hub.clone(), uids.clone());
             tasks.push(tokio::spawn(async move {
-                let mut events = std::pin::pin!(stream.backoff(steward_kube::backoff()));
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Delete(pod)) => {
-                            if let Some(uid) = pod.uid() {
+                let mut changes = std::pin::pin!(changes);
+                while let Some(change) = changes.next().await {
+                    let applied = uids
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .apply(change);
+                    match applied {
+                        // A pod deleted drops out of the view at once; one
+                        // missing from a relist waits for kubelet's list.
+                        Ok(delta) if !delta.relisted => {
+                            for (_, uid) in delta.removed {
                                 hub.pod_gone(&uid);
                             }
                         }
@@ -140,9 +145,10 @@ pub(crate) fn start(
             }));
         }
         let resolve: Resolver = Arc::new(move |ns: &str, name: &str| {
-            reader
-                .get(&ObjectRef::new(name).within(ns))
-                .and_then(|p| p.uid())
+            uids.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&ObjectKey::new(ns, name))
+                .cloned()
         });
         tasks.push(tokio::spawn(follow_list(
             hub.clone(),

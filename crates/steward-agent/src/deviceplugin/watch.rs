@@ -14,7 +14,7 @@ use kube::api::ListParams;
 use kube::runtime::watcher;
 use steward_api::{Configuration, Instance, Reservation};
 use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
-use steward_kube::{Change, follow};
+use steward_kube::{Change, Mirror, follow};
 use tokio::sync::mpsc;
 
 use super::podresources::PodResourcesClient;
@@ -207,47 +207,33 @@ pub(crate) async fn watch_instances(
     tx: mpsc::Sender<CatalogEvent>,
 ) {
     let mut changes = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
-    let mut all: BTreeMap<(String, String), Instance> = BTreeMap::new();
+    let mut all = Mirror::keyed(|i: &Instance| key_of(&i.metadata), Some);
     let mut last: Option<BTreeMap<String, ServedInstance>> = None;
     while let Some(change) = changes.next().await {
-        match change {
-            Change::Relisted(listed) => {
-                all = listed
-                    .into_iter()
-                    .filter_map(|inst| Some((key_of(&inst.metadata)?, inst)))
-                    .collect();
-                if let Some(dir) = &directory {
-                    for inst in all.values() {
-                        if let Some(r) = InstanceRef::of(inst) {
-                            dir.insert(r);
-                        }
-                    }
-                }
-            }
-            Change::Applied(inst) => {
-                if let (Some(dir), Some(r)) = (&directory, InstanceRef::of(&inst)) {
-                    dir.insert(r);
-                }
-                if let Some(k) = key_of(&inst.metadata) {
-                    all.insert(k, inst);
-                }
-            }
-            Change::Deleted(inst) => {
-                if let Some(k) = key_of(&inst.metadata) {
-                    if let Some(dir) = &directory
-                        && dir.get(&k.1).is_some_and(|r| r.namespace == k.0)
-                    {
-                        dir.remove(&k.1);
-                    }
-                    all.remove(&k);
-                }
-            }
-            Change::Interrupted(e) => {
+        let delta = match all.apply(change) {
+            Ok(delta) => delta,
+            Err(e) => {
                 tracing::warn!(error = %e, "Instance watch failed; retrying");
                 continue;
             }
+        };
+        if let Some(dir) = &directory {
+            for inst in delta.applied.iter().filter_map(|k| all.get(k)) {
+                if let Some(r) = InstanceRef::of(inst) {
+                    dir.insert(r);
+                }
+            }
+            // Only a deletion seen as such leaves the directory: an
+            // Instance missing from a relist stays resolvable.
+            if !delta.relisted {
+                for ((namespace, name), _) in &delta.removed {
+                    if dir.get(name).is_some_and(|r| &r.namespace == namespace) {
+                        dir.remove(name);
+                    }
+                }
+            }
         }
-        let served = served_on(&all, &node);
+        let served = served_on(all.as_map(), &node);
         if last.as_ref() != Some(&served) {
             last = Some(served.clone());
             if tx.send(CatalogEvent::Instances(served)).await.is_err() {
@@ -264,39 +250,28 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
         watcher::Config::default(),
     )
     .boxed();
-    let mut known: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut known = Mirror::keyed(
+        |c: &Configuration| key_of(&c.metadata),
+        |c: Configuration| Some(c.spec.broker_properties),
+    );
     while let Some(change) = changes.next().await {
-        let mut out = Vec::new();
-        match change {
-            Change::Relisted(listed) => {
-                let mut now_known = BTreeSet::new();
-                for c in listed {
-                    if let Some(k) = key_of(&c.metadata) {
-                        now_known.insert(k.clone());
-                        out.push((k, Some(c.spec.broker_properties.clone())));
-                    }
-                }
-                for gone in known.difference(&now_known) {
-                    out.push((gone.clone(), None));
-                }
-                known = now_known;
+        let delta = match known.apply(change) {
+            Ok(delta) => delta,
+            Err(e) => {
+                tracing::warn!(error = %e, "Configuration watch failed; retrying");
+                continue;
             }
-            Change::Applied(c) => {
-                if let Some(k) = key_of(&c.metadata) {
-                    known.insert(k.clone());
-                    out.push((k, Some(c.spec.broker_properties.clone())));
-                }
-            }
-            Change::Deleted(c) => {
-                if let Some(k) = key_of(&c.metadata) {
-                    known.remove(&k);
-                    out.push((k, None));
-                }
-            }
-            Change::Interrupted(e) => {
-                tracing::warn!(error = %e, "Configuration watch failed; retrying")
-            }
-        }
+        };
+        // Stored or replaced: its properties; gone: none.
+        let mut out: Vec<_> = delta
+            .applied
+            .into_iter()
+            .map(|k| {
+                let props = known.get(&k).cloned();
+                (k, props)
+            })
+            .collect();
+        out.extend(delta.removed.into_iter().map(|(k, _)| (k, None)));
         for (key, props) in out {
             if tx.send(CatalogEvent::Broker { key, props }).await.is_err() {
                 return;
@@ -426,13 +401,6 @@ pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
     core: Arc<SlotKeeper<L, C>>,
 ) {
     let mut changes = follow(Api::<Reservation>::all(client), watcher::Config::default()).boxed();
-    let mut held: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
-    let key = |r: &Reservation| {
-        (
-            r.metadata.namespace.clone().unwrap_or_default(),
-            r.metadata.name.clone().unwrap_or_default(),
-        )
-    };
     let slots = |r: &Reservation| -> Vec<(String, String)> {
         match &r.status {
             Some(s) if s.phase == "Reserved" => match &s.node {
@@ -446,21 +414,11 @@ pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
             _ => Vec::new(),
         }
     };
+    let mut held = Mirror::projected(move |r: Reservation| Some(slots(&r)));
     while let Some(change) = changes.next().await {
-        match change {
-            Change::Relisted(all) => {
-                held = all.iter().map(|r| (key(r), slots(r))).collect();
-            }
-            Change::Applied(r) => {
-                held.insert(key(&r), slots(&r));
-            }
-            Change::Deleted(r) => {
-                held.remove(&key(&r));
-            }
-            Change::Interrupted(e) => {
-                tracing::debug!(error = %e, "Reservation watch failed; retrying");
-                continue;
-            }
+        if let Err(e) = held.apply(change) {
+            tracing::debug!(error = %e, "Reservation watch failed; retrying");
+            continue;
         }
         let reserved: BTreeMap<String, String> = held.values().flatten().cloned().collect();
         core.reservations_listed(&reserved).await;

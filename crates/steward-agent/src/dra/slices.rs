@@ -30,7 +30,7 @@ use steward_api::Instance;
 use steward_core::dra::{
     Attribute, DRIVER, DraInstance, PoolScope, SlicePlan, next_generation, plan, slice_name,
 };
-use steward_kube::{Change, follow};
+use steward_kube::{Mirror, follow};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -289,8 +289,10 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         Api::<Instance>::all(client.clone()),
         watcher::Config::default()
     ));
-    let mut instances: BTreeMap<String, DraInstance> = BTreeMap::new();
-    let mut listed = false;
+    let mut instances = Mirror::keyed(
+        |i: &Instance| Some(dra_instance(i).0),
+        |i: Instance| Some(dra_instance(&i).1),
+    );
     let mut publisher = SlicePublisher::new(client, &node);
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut noted: Vec<String> = Vec::new();
@@ -304,26 +306,15 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         tokio::select! {
             () = stop.cancelled() => break,
             () = retry => {}
-            change = changes.next() => match change {
-                Some(Change::Relisted(all)) => {
-                    instances = all.iter().map(dra_instance).collect();
-                    listed = true;
-                }
-                Some(Change::Applied(i)) => {
-                    let (k, v) = dra_instance(&i);
-                    instances.insert(k, v);
-                }
-                Some(Change::Deleted(i)) => {
-                    instances.remove(&dra_instance(&i).0);
-                }
-                Some(Change::Interrupted(e)) => {
+            change = changes.next() => {
+                let Some(change) = change else { break };
+                if let Err(e) = instances.apply(change) {
                     warn!(error = %e, "the Instance watch for ResourceSlices failed; retrying");
                     continue;
                 }
-                None => break,
-            },
+            }
         }
-        if !listed {
+        if !instances.listed() {
             continue;
         }
         let all: Vec<DraInstance> = instances.values().cloned().collect();

@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 use steward_api::{Configuration, ConfigurationSpec, DiscoveryProperty, KeyRef, config_key};
 use steward_core::discovery::ConfigKey;
 use steward_discovery::DiscoverRequest;
-use steward_kube::{Change, follow};
+use steward_kube::{Change, Mirror, follow};
 use tokio::sync::mpsc;
 
 use super::{ConfigEvent, ConfigSnapshot};
@@ -307,6 +307,10 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
         tx: source_tx,
         tasks: BTreeMap::new(),
     };
+    // The Configurations as watched, and those of them resolved (what was
+    // last reported): a Configuration whose properties cannot be read yet
+    // is watched but not known.
+    let mut watched = Mirror::keyed(|c: &Configuration| config_key(c).ok(), Some);
     let mut known: BTreeMap<ConfigKey, Known> = BTreeMap::new();
     loop {
         let change = tokio::select! {
@@ -324,38 +328,29 @@ pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
                 continue;
             }
         };
-        let out = match change {
-            Change::Interrupted(e) => {
+        let delta = match watched.apply(change) {
+            Ok(delta) => delta,
+            Err(e) => {
                 tracing::warn!(error = %e, "Configuration watch failed; retrying");
                 continue;
             }
-            Change::Relisted(listed) => {
-                let mut out = Vec::new();
-                let mut seen = BTreeSet::new();
-                for c in listed {
-                    let Ok(key) = config_key(&c) else { continue };
-                    seen.insert(key);
-                    out.extend(applied(&client, &mut known, c).await);
-                }
-                let gone: Vec<ConfigKey> = known
-                    .keys()
-                    .filter(|k| !seen.contains(*k))
-                    .cloned()
-                    .collect();
-                for k in gone {
-                    known.remove(&k);
-                    out.push(ConfigEvent::Deleted(k));
-                }
-                out.push(ConfigEvent::Synced(known.keys().cloned().collect()));
-                out
-            }
-            Change::Applied(c) => applied(&client, &mut known, c).await.into_iter().collect(),
-            Change::Deleted(c) => {
-                let Ok(key) = config_key(&c) else { continue };
-                known.remove(&key);
-                vec![ConfigEvent::Deleted(key)]
-            }
         };
+        let mut out = Vec::new();
+        for key in &delta.applied {
+            if let Some(c) = watched.get(key) {
+                out.extend(applied(&client, &mut known, c.clone()).await);
+            }
+        }
+        for (key, _) in delta.removed {
+            // Gone from a relist: reported only if it was known; deleted:
+            // always.
+            if known.remove(&key).is_some() || !delta.relisted {
+                out.push(ConfigEvent::Deleted(key));
+            }
+        }
+        if delta.relisted {
+            out.push(ConfigEvent::Synced(known.keys().cloned().collect()));
+        }
         watches.sync(&known);
         for e in out {
             if tx.send(e).await.is_err() {
