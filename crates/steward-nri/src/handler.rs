@@ -3,11 +3,12 @@
 //! The session decodes each call of the runtime's `Plugin` service and hands
 //! it to a [`Handler`]; the answer goes back as the call's response. An
 //! `Err(RpcStatus)` becomes an error status: on CreateContainer the runtime
-//! fails the CRI call with that code and message. Calls a handler does not
-//! override answer `Unimplemented`, as upstream's ttrpc server does for a
-//! method it does not serve; the runtime only makes the calls the handler
-//! subscribed to in [`Handler::configure`] (Synchronize, Configure and
-//! Shutdown always).
+//! fails the CRI call with that code and message. A call the handler does
+//! not override answers an empty success, as upstream's stub does for an
+//! event it has no handler for (the runtime only makes the calls subscribed
+//! to in [`Handler::configure`]; Configure, Synchronize and Shutdown always).
+//! Methods outside NRI v0.8.0's `Plugin` service answer `Unimplemented`
+//! (see [`crate::serve`]).
 
 use std::future::Future;
 
@@ -46,7 +47,7 @@ pub trait Handler: Send + Sync + 'static {
         req: CreateContainerRequest,
     ) -> impl Future<Output = Result<CreateContainerResponse, RpcStatus>> + Send {
         let _ = req;
-        async { Err(RpcStatus::unimplemented("CreateContainer")) }
+        async { Ok(Default::default()) }
     }
 
     /// A container's resources are being updated.
@@ -55,7 +56,7 @@ pub trait Handler: Send + Sync + 'static {
         req: UpdateContainerRequest,
     ) -> impl Future<Output = Result<UpdateContainerResponse, RpcStatus>> + Send {
         let _ = req;
-        async { Err(RpcStatus::unimplemented("UpdateContainer")) }
+        async { Ok(Default::default()) }
     }
 
     /// A container is being stopped.
@@ -64,7 +65,7 @@ pub trait Handler: Send + Sync + 'static {
         req: StopContainerRequest,
     ) -> impl Future<Output = Result<StopContainerResponse, RpcStatus>> + Send {
         let _ = req;
-        async { Err(RpcStatus::unimplemented("StopContainer")) }
+        async { Ok(Default::default()) }
     }
 
     /// A lifecycle event: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
@@ -74,7 +75,7 @@ pub trait Handler: Send + Sync + 'static {
         event: StateChangeEvent,
     ) -> impl Future<Output = Result<(), RpcStatus>> + Send {
         let _ = event;
-        async { Err(RpcStatus::unimplemented("StateChange")) }
+        async { Ok(()) }
     }
 
     /// The runtime is shutting down (the connection closes after this).
