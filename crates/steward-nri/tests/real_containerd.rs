@@ -2,7 +2,9 @@
 //! synchronised, sees a pod and its container created through CRI (a CRI
 //! client of the test's own, not the plugin), and the cpuset its
 //! CreateContainer answer sets is what the container runs with (cgroup v1
-//! `cpuset.cpus` and the process's `Cpus_allowed_list`).
+//! `cpuset.cpus` and the process's `Cpus_allowed_list`); an unsolicited
+//! UpdateContainers re-pins it, and a plugin that reconnects is synchronised
+//! with the pod and the container's current cpuset.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -13,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use steward_nri::proto::nri::{
     ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, CreateContainerRequest,
-    CreateContainerResponse, Event, LinuxContainerAdjustment, LinuxCpu, LinuxResources, PodSandbox,
-    StateChangeEvent,
+    CreateContainerResponse, Event, LinuxContainerAdjustment, LinuxContainerUpdate, LinuxCpu,
+    LinuxResources, PodSandbox, StateChangeEvent,
 };
 use steward_nri::{EventMask, Handler, RpcStatus, Session, SessionConfig};
 use steward_testing_containerd as harness;
@@ -30,7 +32,8 @@ enum Seen {
     },
     Synchronize {
         pods: usize,
-        containers: usize,
+        /// Each container's name and cpuset, as the runtime reports them.
+        containers: Vec<(String, String)>,
     },
     State(Event, String),
     Create(String, Duration),
@@ -71,9 +74,22 @@ impl Handler for Recorder {
         pods: Vec<PodSandbox>,
         containers: Vec<Container>,
     ) -> Result<Vec<ContainerUpdate>, RpcStatus> {
+        let containers = containers
+            .iter()
+            .map(|c| {
+                let cpus = c
+                    .linux
+                    .as_ref()
+                    .and_then(|l| l.resources.as_ref())
+                    .and_then(|r| r.cpu.as_ref())
+                    .map(|c| c.cpus.clone())
+                    .unwrap_or_default();
+                (c.name.clone(), cpus)
+            })
+            .collect();
         self.note(Seen::Synchronize {
             pods: pods.len(),
-            containers: containers.len(),
+            containers,
         });
         Ok(Vec::new())
     }
@@ -169,7 +185,7 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
         next(&mut rx, "Synchronize").await,
         Seen::Synchronize {
             pods: 0,
-            containers: 0
+            containers: Vec::new()
         }
     );
 
@@ -230,6 +246,55 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
         .find(|l| l.starts_with("Cpus_allowed_list:"))
         .unwrap_or_default();
     assert_eq!(allowed.split_whitespace().nth(1), Some("0"), "{allowed}");
+
+    // UpdateContainers, unsolicited: re-pin to CPU 1.
+    let update = ContainerUpdate {
+        container_id: container_id.clone(),
+        linux: Some(LinuxContainerUpdate {
+            resources: Some(LinuxResources {
+                cpu: Some(LinuxCpu {
+                    cpus: "1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }),
+        ignore_failure: false,
+    };
+    let failed = session
+        .runtime()
+        .update_containers(vec![update], Vec::new())
+        .await
+        .unwrap_or_else(|e| panic!("UpdateContainers: {e}\n{}", ctrd.log()));
+    assert!(failed.is_empty(), "{failed:?}");
+    let cpus = std::fs::read_to_string(&cpuset).unwrap_or_default();
+    assert_eq!(cpus.trim(), "1", "{}", cpuset.display());
+
+    // A new session (the plugin restarted) is synchronised with the pod and
+    // the container as they run now.
+    drop(session);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let recorder = Recorder {
+        tx,
+        seen: Mutex::new(Vec::new()),
+    };
+    let session = Session::start(
+        SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
+        recorder,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("register again: {e}\n{}", ctrd.log()));
+    let sync = wait_for(&mut rx, "Synchronize after reconnecting", |s| {
+        matches!(s, Seen::Synchronize { .. })
+    })
+    .await;
+    assert_eq!(
+        sync,
+        Seen::Synchronize {
+            pods: 1,
+            containers: vec![("pinned".into(), "1".into())]
+        }
+    );
 
     harness::cleanup_pod(&mut cri, &sandbox_id)
         .await
