@@ -105,3 +105,28 @@ pub enum SourceError {
         source: Box<kube::Error>,
     },
 }
+
+/// Why a Configuration's discovery properties could not be resolved; the
+/// text is the `DetailsValid` condition's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    /// Standalone mode reads no Secret or ConfigMap.
+    #[error("standalone mode cannot resolve valueFrom for discovery properties {0:?}")]
+    Standalone(Vec<String>),
+    /// Reading a property or its source failed: the [`SourceError`]'s text
+    /// (it holds an API error, which is neither cloned nor compared, and a
+    /// re-resolve is reported only when the outcome differs).
+    #[error("{0}")]
+    Source(String),
+}
+
+/// Why a Configuration's discovery details are not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidDetails {
+    /// Its discovery properties could not be resolved.
+    #[error(transparent)]
+    Unresolved(#[from] Unresolved),
+    /// A discovery handler refused the details, with its message.
+    #[error("{0}")]
+    Refused(String),
+}

@@ -28,7 +28,7 @@ pub mod store;
 use std::future::Future;
 
 pub use config::{AgentConfig, AgentTimings, Mode, embedded_handlers};
-pub use error::{AgentError, SourceError, StateError, StoreError};
+pub use error::{AgentError, InvalidDetails, SourceError, StateError, StoreError, Unresolved};
 pub use metrics::AgentMetrics;
 pub use node_store::NodeStore;
 pub use store::{InstanceStore, KubeInstanceStore, LocalInstanceStore, OpContext};

@@ -16,6 +16,8 @@ use steward_api::{
 };
 use steward_core::discovery::ConfigKey;
 
+use crate::error::InvalidDetails;
+
 /// Event reason for discovery details a handler refused.
 pub const REASON_INVALID_DETAILS: &str = "InvalidDiscoveryDetails";
 /// Component name in Events.
@@ -26,9 +28,9 @@ pub const COMPONENT: &str = "steward-agent";
 pub struct NodeContribution {
     /// This node's handlers for the Configuration, sorted.
     pub handlers: Vec<HandlerStatus>,
-    /// `Some(Ok)` once a handler accepted the details, `Some(Err)` with the
-    /// parse error once one refused them.
-    pub details: Option<Result<(), String>>,
+    /// `Some(Ok)` once a handler accepted the details, `Some(Err)` once one
+    /// refused them or their properties could not be resolved.
+    pub details: Option<Result<(), InvalidDetails>>,
     /// Instances of the Configuration (cluster-wide), once known.
     pub instances: Option<u32>,
 }
@@ -151,12 +153,12 @@ pub fn merged(
             "a discovery handler accepted the details",
             generation,
         ),
-        Some(Err(msg)) => set_condition(
+        Some(Err(why)) => set_condition(
             &mut new.conditions,
             CONDITION_DETAILS_VALID,
             "False",
             "InvalidDiscoveryDetails",
-            msg,
+            &why.to_string(),
             generation,
         ),
         None => {}
@@ -223,7 +225,7 @@ mod tests {
         };
         let mine = NodeContribution {
             handlers: vec![h("b", "Active")],
-            details: Some(Err("bad yaml".into())),
+            details: Some(Err(InvalidDetails::Refused("bad yaml".into()))),
             instances: Some(2),
         };
         let new = merged(&old, "b", Some(3), &mine);

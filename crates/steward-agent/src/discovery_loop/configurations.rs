@@ -19,7 +19,7 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
                 let key = snap.key.clone();
                 let handler_name = snap.configuration.spec.discovery_handler.name.clone();
                 tracing::info!(configuration = %key, handler = %handler_name, "configuration applied");
-                let details = snap.request.as_ref().err().map(|m| Err(m.clone()));
+                let details = snap.request.as_ref().err().map(|e| Err(e.clone().into()));
                 // A capacity edit changes no discovery request: discovery is
                 // not restarted, and the Instances are resized from the
                 // reports already in hand, once this node has reconciled them

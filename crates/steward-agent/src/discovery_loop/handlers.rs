@@ -10,6 +10,7 @@ use steward_core::discovery::{ConfigKey, Device, Endpoint, HandlerKey};
 
 use super::{DiscoveryLoop, endpoint_text};
 use crate::discovery::{self, DiscoveryMsg, Target, TaskReport};
+use crate::error::InvalidDetails;
 use crate::store::InstanceStore;
 
 fn reason_label(r: &RejectReason) -> &'static str {
@@ -52,7 +53,7 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
                 self.tasks.remove(&pair);
                 tracing::error!(configuration = %config, handler = %key.name, error = %message, "discovery handler refused the discovery details");
                 if let Some(cs) = self.configs.get_mut(&config) {
-                    cs.details = Some(Err(message));
+                    cs.details = Some(Err(InvalidDetails::Refused(message)));
                 }
                 self.warn_invalid(&config).await;
                 self.publish(&config).await;
@@ -171,8 +172,8 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
         };
         let req = match &cs.snap.request {
             Ok(r) => r.clone(),
-            Err(message) => {
-                tracing::error!(configuration = %config, error = %message, "not starting discovery: discovery properties unresolved");
+            Err(why) => {
+                tracing::error!(configuration = %config, error = %why, "not starting discovery: discovery properties unresolved");
                 return;
             }
         };

@@ -26,6 +26,7 @@ use tokio::task::AbortHandle;
 
 use crate::config::AgentTimings;
 use crate::discovery::TaskReport;
+use crate::error::InvalidDetails;
 use crate::metrics::AgentMetrics;
 use crate::node_store::NodeStore;
 use crate::source::{ConfigEvent, ConfigSnapshot};
@@ -36,9 +37,9 @@ struct ConfigState {
     snap: ConfigSnapshot,
     /// Latest validated report of each handler connected (or lately connected) for it.
     reports: BTreeMap<HandlerKey, Vec<Device>>,
-    details: Option<Result<(), String>>,
+    details: Option<Result<(), InvalidDetails>>,
     /// Last invalid-details message an Event was recorded for.
-    warned: Option<String>,
+    warned: Option<InvalidDetails>,
     /// Instances of the Configuration after the last reconcile.
     instances: Option<u32>,
 }

@@ -125,21 +125,21 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
         let Some(cs) = self.configs.get(key) else {
             return;
         };
-        let Some(Err(message)) = &cs.details else {
+        let Some(Err(why)) = &cs.details else {
             return;
         };
-        if cs.warned.as_ref() == Some(message) {
+        if cs.warned.as_ref() == Some(why) {
             return;
         }
-        let message = message.clone();
+        let why = why.clone();
         let configuration = cs.snap.configuration.clone();
         match writer
-            .warn(&configuration, REASON_INVALID_DETAILS, &message)
+            .warn(&configuration, REASON_INVALID_DETAILS, &why.to_string())
             .await
         {
             Ok(()) => {
                 if let Some(cs) = self.configs.get_mut(key) {
-                    cs.warned = Some(message);
+                    cs.warned = Some(why);
                 }
             }
             Err(e) => tracing::warn!(configuration = %key, error = %e, "recording Event failed"),

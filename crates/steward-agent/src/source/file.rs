@@ -12,7 +12,7 @@ use steward_discovery::DiscoverRequest;
 use tokio::sync::mpsc;
 
 use super::{ConfigEvent, ConfigSnapshot, inline_properties};
-use crate::error::SourceError;
+use crate::error::{SourceError, Unresolved};
 
 /// Namespace given to Configurations in the file that name none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -43,13 +43,13 @@ pub fn parse_configurations(path: &Path, text: &str) -> Result<Vec<Configuration
 
 fn snapshot(c: Configuration) -> Option<ConfigSnapshot> {
     let key = config_key(&c).ok()?;
-    let unresolvable: Vec<&str> = c
+    let unresolvable: Vec<String> = c
         .spec
         .discovery_handler
         .discovery_properties
         .iter()
         .filter(|p| p.value.is_none())
-        .map(|p| p.name.as_str())
+        .map(|p| p.name.clone())
         .collect();
     let request = if unresolvable.is_empty() {
         Ok(DiscoverRequest {
@@ -57,9 +57,7 @@ fn snapshot(c: Configuration) -> Option<ConfigSnapshot> {
             properties: inline_properties(&c),
         })
     } else {
-        Err(format!(
-            "standalone mode cannot resolve valueFrom for discovery properties {unresolvable:?}"
-        ))
+        Err(Unresolved::Standalone(unresolvable))
     };
     Some(ConfigSnapshot {
         key,

@@ -18,7 +18,7 @@ use steward_kube::{Change, Mirror, follow};
 use tokio::sync::mpsc;
 
 use super::{ConfigEvent, ConfigSnapshot};
-use crate::error::SourceError;
+use crate::error::{SourceError, Unresolved};
 
 /// Resolve every discovery property of a Configuration in `namespace`.
 pub async fn resolve_properties(
@@ -145,7 +145,7 @@ async fn snapshot(client: &kube::Client, c: Configuration) -> Option<ConfigSnaps
         details: c.spec.discovery_handler.details.clone(),
         properties,
     })
-    .map_err(|e| e.to_string());
+    .map_err(|e| Unresolved::Source(e.to_string()));
     Some(ConfigSnapshot {
         key,
         configuration: c,
@@ -245,7 +245,7 @@ async fn watch_source(
 /// What the source last sent for a Configuration.
 struct Known {
     configuration: Configuration,
-    request: Result<DiscoverRequest, String>,
+    request: Result<DiscoverRequest, Unresolved>,
     sources: BTreeSet<PropertySource>,
 }
 

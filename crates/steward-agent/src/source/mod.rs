@@ -12,6 +12,8 @@ use steward_api::Configuration;
 use steward_core::discovery::ConfigKey;
 use steward_discovery::DiscoverRequest;
 
+use crate::error::Unresolved;
+
 /// A Configuration as the agent acts on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigSnapshot {
@@ -20,7 +22,7 @@ pub struct ConfigSnapshot {
     pub configuration: Configuration,
     /// Details and resolved discovery properties, or why properties could
     /// not be resolved.
-    pub request: Result<DiscoverRequest, String>,
+    pub request: Result<DiscoverRequest, Unresolved>,
 }
 
 /// A change of the set of Configurations.
