@@ -4,7 +4,9 @@
 //! CreateContainer answer sets is what the container runs with (cgroup v1
 //! `cpuset.cpus` and the process's `Cpus_allowed_list`); an unsolicited
 //! UpdateContainers re-pins it, and a plugin that reconnects is synchronised
-//! with the pod and the container's current cpuset.
+//! with the pod and the container's current cpuset. A plugin slower than the
+//! runtime's 2 s request timeout is disconnected and the container created
+//! without its adjustment (fail-open).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -42,6 +44,8 @@ enum Seen {
 struct Recorder {
     tx: mpsc::UnboundedSender<Seen>,
     seen: Mutex<Vec<Seen>>,
+    /// How long CreateContainer takes to answer (the timeout path).
+    delay: Duration,
 }
 
 impl Recorder {
@@ -99,6 +103,9 @@ impl Handler for Recorder {
         req: CreateContainerRequest,
     ) -> Result<CreateContainerResponse, RpcStatus> {
         let started = Instant::now();
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         let name = req.container.map(|c| c.name).unwrap_or_default();
         let resp = CreateContainerResponse {
             adjust: Some(ContainerAdjustment {
@@ -161,6 +168,7 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
     let recorder = Recorder {
         tx,
         seen: Mutex::new(Vec::new()),
+        delay: Duration::ZERO,
     };
     let session = Session::start(
         SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
@@ -277,6 +285,7 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
     let recorder = Recorder {
         tx,
         seen: Mutex::new(Vec::new()),
+        delay: Duration::ZERO,
     };
     let session = Session::start(
         SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
@@ -308,4 +317,68 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
     })
     .await;
     drop(session);
+}
+
+/// The runtime's request timeout (2 s): a plugin that answers later is
+/// disconnected and the container is created without its adjustment
+/// (fail-open) -- what the resource manager must detect and repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_is_dropped_and_the_container_runs_unpinned() {
+    let Some(bin) = support::bin_dir_or_skip("real_containerd") else {
+        return;
+    };
+    let ctrd = support::Containerd2::start(bin);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let recorder = Recorder {
+        tx,
+        seen: Mutex::new(Vec::new()),
+        delay: Duration::from_millis(2500),
+    };
+    let mut session = Session::start(
+        SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
+        recorder,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("register: {e}\n{}", ctrd.log()));
+    wait_for(&mut rx, "Synchronize", |s| {
+        matches!(s, Seen::Synchronize { .. })
+    })
+    .await;
+
+    let (mut cri, _images) = harness::cri_client(ctrd.sock()).await.expect("CRI client");
+    let sandbox =
+        harness::pod_sandbox_config(&ctrd.cgroup_parent, "slow", harness::PodNetwork::Host);
+    let t0 = Instant::now();
+    let (sandbox_id, container_id) =
+        harness::run_pod_with_container(&mut cri, &sandbox, &harness::ContainerSpec::new("slow"))
+            .await
+            .unwrap_or_else(|e| panic!("run pod: {e}\n{}", ctrd.log()));
+    let took = t0.elapsed();
+    let reason = tokio::time::timeout(Duration::from_secs(10), session.closed())
+        .await
+        .expect("the runtime keeps a plugin that missed its timeout");
+    eprintln!(
+        "pod + container started in {} ms with a 2.5 s plugin; session ended: {reason}",
+        took.as_millis()
+    );
+    assert!(took >= Duration::from_secs(2), "{took:?}");
+    assert_eq!(reason, "the runtime closed the connection");
+
+    let parent = sandbox
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default();
+    let cpuset = harness::host_cgroup_dir("cpuset", &parent, &container_id).join("cpuset.cpus");
+    let cpus = std::fs::read_to_string(&cpuset).unwrap_or_default();
+    eprintln!("the container runs with cpuset.cpus {}", cpus.trim());
+    assert_ne!(
+        cpus.trim(),
+        "0",
+        "the late adjustment must not have been applied"
+    );
+    assert!(!cpus.trim().is_empty(), "{}", cpuset.display());
+    harness::cleanup_pod(&mut cri, &sandbox_id)
+        .await
+        .expect("cleanup");
 }
