@@ -177,7 +177,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 /// cluster.
 pub async fn print_instances(args: &InstancesArgs) -> anyhow::Result<()> {
     let (mut instances, _) =
-        crate::cli::local::instances(&args.state_dir, Duration::from_secs(10)).await?;
+        crate::cli::standalone_view::instances(&args.state_dir, Duration::from_secs(10)).await?;
     instances.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     println!(
         "{:<34} {:<16} {:<7} {:<20} {:<28} PROPERTIES",

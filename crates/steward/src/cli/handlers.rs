@@ -110,7 +110,8 @@ pub fn render(rows: &[HandlerRow], all_namespaces: bool, wide: bool) -> String {
 
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.state_dir {
-        let configs = super::local::configurations(dir, args.cluster.request_timeout).await?;
+        let configs =
+            super::standalone_view::configurations(dir, args.cluster.request_timeout).await?;
         let rows = rows(&configs);
         let text = match args.output {
             Format::Table | Format::Wide => {

@@ -130,7 +130,7 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 /// `get instances --state-dir`: a standalone agent's Instances. It holds
 /// no slots (device plugins need kubelet), so HELD is 0.
 async fn get_local(dir: &std::path::Path, args: &GetArgs) -> anyhow::Result<()> {
-    let (items, _) = super::local::instances(dir, args.cluster.request_timeout).await?;
+    let (items, _) = super::standalone_view::instances(dir, args.cluster.request_timeout).await?;
     let text = match args.output {
         Format::Table | Format::Wide => {
             if items.is_empty() {

@@ -18,10 +18,10 @@ mod fixtures;
 mod handlers;
 mod instances;
 mod kube_view;
-pub mod local;
 mod output;
 mod quiet;
 mod slots;
+pub mod standalone_view;
 mod times;
 
 use std::path::PathBuf;
