@@ -5,6 +5,7 @@
 //! with `UpdateContainers` otherwise (the lifecycle events).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,8 @@ pub struct ResmgrHandler {
     updates: mpsc::UnboundedSender<Updates>,
     /// How long CreateContainer decisions took, newest last.
     create_times: Arc<Mutex<VecDeque<Duration>>>,
+    /// Exclusive containers found unpinned at Synchronize and re-pinned.
+    fail_open: Arc<AtomicUsize>,
 }
 
 impl ResmgrHandler {
@@ -43,6 +46,7 @@ impl ResmgrHandler {
             manager,
             updates,
             create_times: Arc::new(Mutex::new(VecDeque::new())),
+            fail_open: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -52,6 +56,12 @@ impl ResmgrHandler {
             .lock()
             .map(|q| q.iter().copied().collect())
             .unwrap_or_default()
+    }
+
+    /// How many exclusive containers were found unpinned (created while
+    /// the plugin was not connected or answered too late) and re-pinned.
+    pub fn fail_open_repinned(&self) -> usize {
+        self.fail_open.load(Ordering::Relaxed)
     }
 
     fn send_later(&self, u: Updates) {
@@ -105,6 +115,8 @@ impl Handler for ResmgrHandler {
         let listing = convert::listing(&pods, &containers);
         match self.manager.synchronize(listing).await {
             Ok(s) => {
+                self.fail_open
+                    .fetch_add(s.fail_open.len(), Ordering::Relaxed);
                 info!(
                     pods = pods.len(),
                     containers = containers.len(),

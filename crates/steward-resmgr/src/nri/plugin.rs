@@ -143,6 +143,11 @@ impl NriPlugin {
         self.handler.create_times()
     }
 
+    /// Exclusive containers found unpinned at a Synchronize and re-pinned.
+    pub fn fail_open_repinned(&self) -> usize {
+        self.handler.fail_open_repinned()
+    }
+
     /// Waits until the plugin has registered `n` times in all (1: the
     /// first session; 2: it reconnected once); false after `limit`.
     pub async fn registered(&self, n: u64, limit: Duration) -> bool {
