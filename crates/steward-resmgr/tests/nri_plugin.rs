@@ -148,6 +148,30 @@ async fn exclusive_containers_are_pinned_and_the_shared_pool_follows() {
     })
     .await;
     assert_eq!(cpus_inside(&mut rt, &a).await, all);
+
+    // The kubelet resizes the shared container to 1 guaranteed CPU
+    // (UpdateContainerResources through the runtime, NRI UpdateContainer):
+    // re-placed on an exclusive CPU, as through the proxy.
+    rt.update_container_resources(cri::UpdateContainerResourcesRequest {
+        container_id: a.clone(),
+        linux: Some(cri::LinuxContainerResources {
+            cpu_shares: 1024,
+            cpu_quota: 100_000,
+            cpu_period: 100_000,
+            memory_limit_in_bytes: 64 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("UpdateContainerResources");
+    let asg = plugin.manager().snapshot().await.containers[&a]
+        .assignment
+        .clone()
+        .unwrap();
+    assert!(asg.exclusive, "re-placed: {asg:?}");
+    assert_eq!(read_cgroup("cpuset", &sa, &a, "cpuset.cpus"), asg.cpus);
+    assert_eq!(cpus_inside(&mut rt, &a).await, asg.cpus);
     harness::cleanup_pod(&mut rt, &sid_a).await.unwrap();
     harness::cleanup_pod(&mut rt, &sid_c).await.unwrap();
     let snap = plugin.manager().snapshot().await;

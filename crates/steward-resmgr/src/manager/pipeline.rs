@@ -9,19 +9,17 @@
 use std::future::Future;
 use std::time::Duration;
 
-use steward_core::cpu::{ContainerKey, ContainerRequest, Decision};
+use steward_core::cpu::{ContainerKey, ContainerRequest};
 use steward_proto::cri::runtime::v1 as cri;
 use tracing::{error, warn};
 
-use super::{
-    ControlReport, Event, ResourceManager, State, cgroups_path_from_info, pod_facts, policy_err,
-};
-use crate::cache::{AssignmentRecord, ContainerState, PodRecord, RequestRecord, ResourcesRecord};
+use super::{ControlReport, Event, ResourceManager, State, cgroups_path_from_info};
+use crate::cache::{ContainerState, PodRecord};
 use crate::cgroups::normalize_cgroups_path;
-use crate::control::cri::{edit_create, resources_for};
+use crate::control::cri::edit_create;
 use crate::control::rdt::RdtOutcome;
 use crate::error::ResmgrError;
-use crate::requests::{derive_request, validate_annotations, validate_resources};
+use crate::requests::validate_annotations;
 
 /// Deadline for intercepted calls forwarded on the kubelet's behalf (the
 /// kubelet's own default request timeout is 2 minutes).
@@ -334,11 +332,8 @@ impl ResourceManager {
                 )
                 .await;
         };
-        validate_resources(&linux)?;
         let mut st = self.state.lock().await;
-        let id = req.container_id.clone();
-        let known = st.cache.data().containers.get(&id).cloned();
-        let Some(rec) = known.filter(|c| c.assignment.is_some()) else {
+        let Some(plan) = self.replace_plan(&mut st, &req.container_id, linux).await? else {
             drop(st);
             return self
                 .call(
@@ -348,33 +343,8 @@ impl ResourceManager {
                 )
                 .await;
         };
-        let pod = st
-            .cache
-            .data()
-            .pods
-            .get(&rec.pod_id)
-            .cloned()
-            .ok_or_else(|| ResmgrError::NotFound {
-                kind: "pod sandbox",
-                id: rec.pod_id.clone(),
-            })?;
-        let new_request = derive_request(&pod_facts(&pod), &rec.name, &linux)?;
-        let old_request = rec.request.to_request(&pod, &rec.name);
-        let changed = RequestRecord::from_request(&new_request) != rec.request;
-        let decision = if changed {
-            st.policy.allocate(&new_request).map_err(policy_err)?
-        } else {
-            Decision::default()
-        };
-        let key = new_request.key.clone();
-        let own = st.policy.assignments().get(&key).cloned().ok_or_else(|| {
-            ResmgrError::NoAssignment {
-                key: key.to_string(),
-            }
-        })?;
-        let resources = resources_for(&linux, &own, &st.config.cri);
         let mut forwarded = req.clone();
-        forwarded.linux = Some(resources.clone());
+        forwarded.linux = Some(plan.resources.clone());
         let result = self
             .call(
                 "UpdateContainerResources",
@@ -387,19 +357,11 @@ impl ResourceManager {
         let resp = match result {
             Ok(r) => r,
             Err(e) => {
-                if changed {
-                    self.rollback(&mut st, &key, Some(&old_request)).await;
-                }
+                self.undo_replace(&mut st, plan).await;
                 return Err(e);
             }
         };
-        if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
-            c.request = RequestRecord::from_request(&new_request);
-            c.kubelet_resources = ResourcesRecord::from_cri(&linux);
-            c.resources = ResourcesRecord::from_cri(&resources);
-            c.assignment = Some(AssignmentRecord::from_assignment(&own));
-        }
-        self.apply_decision(&mut st, &decision, Some(&id)).await;
+        self.commit_replace(&mut st, plan).await;
         self.save(&st);
         Ok(resp)
     }

@@ -34,7 +34,91 @@ pub(crate) struct Placed {
     pub(crate) resources: cri::LinuxContainerResources,
 }
 
+/// A container of ours re-placed for new resources (the kubelet's update),
+/// not yet recorded (see [`ResourceManager::replace_plan`]).
+pub(crate) struct Replaced {
+    id: String,
+    new_request: ContainerRequest,
+    old_request: ContainerRequest,
+    changed: bool,
+    decision: Decision,
+    own: steward_core::cpu::Assignment,
+    linux: cri::LinuxContainerResources,
+    /// What the container should now run with.
+    pub(crate) resources: cri::LinuxContainerResources,
+}
+
 impl ResourceManager {
+    /// The kubelet updates container `id` to `linux`: re-place it if its
+    /// request changed, keep its cpuset ours. `None`: not a container we
+    /// hold an assignment for (the update is the kubelet's alone).
+    pub(crate) async fn replace_plan(
+        &self,
+        st: &mut State,
+        id: &str,
+        linux: cri::LinuxContainerResources,
+    ) -> Result<Option<Replaced>, ResmgrError> {
+        validate_resources(&linux)?;
+        let known = st.cache.data().containers.get(id).cloned();
+        let Some(rec) = known.filter(|c| c.assignment.is_some()) else {
+            return Ok(None);
+        };
+        let pod = st
+            .cache
+            .data()
+            .pods
+            .get(&rec.pod_id)
+            .cloned()
+            .ok_or_else(|| ResmgrError::NotFound {
+                kind: "pod sandbox",
+                id: rec.pod_id.clone(),
+            })?;
+        let new_request = derive_request(&pod_facts(&pod), &rec.name, &linux)?;
+        let old_request = rec.request.to_request(&pod, &rec.name);
+        let changed = RequestRecord::from_request(&new_request) != rec.request;
+        let decision = if changed {
+            st.policy.allocate(&new_request).map_err(policy_err)?
+        } else {
+            Decision::default()
+        };
+        let key = new_request.key.clone();
+        let own = st.policy.assignments().get(&key).cloned().ok_or_else(|| {
+            ResmgrError::NoAssignment {
+                key: key.to_string(),
+            }
+        })?;
+        let resources = resources_for(&linux, &own, &st.config.cri);
+        Ok(Some(Replaced {
+            id: id.to_owned(),
+            new_request,
+            old_request,
+            changed,
+            decision,
+            own,
+            linux,
+            resources,
+        }))
+    }
+
+    /// Undo a [`Self::replace_plan`] the runtime did not follow.
+    pub(crate) async fn undo_replace(&self, st: &mut State, r: Replaced) {
+        if r.changed {
+            self.rollback(st, &r.new_request.key, Some(&r.old_request))
+                .await;
+        }
+    }
+
+    /// Record a re-placed container and push the decision to the others.
+    pub(crate) async fn commit_replace(&self, st: &mut State, r: Replaced) {
+        if let Some(c) = st.cache.data_mut().containers.get_mut(&r.id) {
+            c.request = RequestRecord::from_request(&r.new_request);
+            c.kubelet_resources = ResourcesRecord::from_cri(&r.linux);
+            c.resources = ResourcesRecord::from_cri(&r.resources);
+            c.assignment = Some(AssignmentRecord::from_assignment(&r.own));
+        }
+        self.apply_decision(st, &r.decision, Some(&r.id)).await;
+    }
+
     /// The policy's decision for a container about to be created: validate,
     /// derive its request, allocate. `pod` is the sandbox config sent with
     /// the call, else the cached pod is used. Nothing is recorded in the

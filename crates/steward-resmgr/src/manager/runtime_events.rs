@@ -157,16 +157,24 @@ impl ResourceManager {
         updates
     }
 
-    /// The resources a container of ours keeps when the kubelet updates it
-    /// (its CPUs and memory nodes stay ours); `None` for others.
-    pub async fn container_updating(&self, id: &str) -> Option<ResourcesRecord> {
-        let st = self.state.lock().await;
-        st.cache
-            .data()
-            .containers
-            .get(id)
-            .filter(|c| c.assignment.is_some())
-            .map(|c| c.resources.clone())
+    /// The kubelet updates a container to `linux`: a container of ours is
+    /// re-placed if its request changed (as through the CRI proxy) and
+    /// keeps CPUs and memory nodes of ours; answers its resources (`None`:
+    /// not ours) and the updates of the others. Refused like a creation.
+    pub async fn container_updating(
+        &self,
+        id: &str,
+        linux: cri::LinuxContainerResources,
+    ) -> Result<(Option<cri::LinuxContainerResources>, Updates), ResmgrError> {
+        let mut st = self.state.lock().await;
+        let Some(plan) = self.replace_plan(&mut st, id, linux).await? else {
+            return Ok((None, Vec::new()));
+        };
+        let resources = plan.resources.clone();
+        self.commit_replace(&mut st, plan).await;
+        let updates = self.take_updates_locked(&mut st);
+        self.save(&st);
+        Ok((Some(resources), updates))
     }
 
     /// A container stopped: its resources are released.

@@ -174,18 +174,31 @@ impl Handler for ResmgrHandler {
         let Some(c) = req.container.as_ref() else {
             return Ok(UpdateContainerResponse::default());
         };
-        // The kubelet's update keeps the CPUs and memory nodes we gave.
-        let update = self
-            .manager
-            .container_updating(&c.id)
-            .await
-            .map(|r| convert::update(&c.id, &r))
-            .into_iter()
-            .collect();
-        Ok(UpdateContainerResponse {
-            update,
-            evict: Vec::new(),
-        })
+        let mut linux = req
+            .linux_resources
+            .as_ref()
+            .map(convert::to_cri)
+            .unwrap_or_else(|| convert::kubelet_resources(c));
+        if linux.oom_score_adj == 0 {
+            linux.oom_score_adj = convert::kubelet_resources(c).oom_score_adj;
+        }
+        match self.manager.container_updating(&c.id, linux).await {
+            Ok((own, others)) => {
+                let mut update: Vec<ContainerUpdate> = own
+                    .map(|r| convert::update(&c.id, &crate::cache::ResourcesRecord::from_cri(&r)))
+                    .into_iter()
+                    .collect();
+                update.extend(convert::updates(&others));
+                Ok(UpdateContainerResponse {
+                    update,
+                    evict: Vec::new(),
+                })
+            }
+            Err(e) => {
+                warn!(container = %c.name, error = %e, "container update refused");
+                Err(convert::status(&e))
+            }
+        }
     }
 
     async fn stop_container(
