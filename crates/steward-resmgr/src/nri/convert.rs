@@ -224,3 +224,98 @@ pub fn status(e: &ResmgrError) -> steward_nri::RpcStatus {
         s.message().to_owned(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nri_resources() -> nri::LinuxResources {
+        nri::LinuxResources {
+            cpu: Some(nri::LinuxCpu {
+                shares: Some(nri::OptionalUInt64 { value: 1024 }),
+                quota: Some(nri::OptionalInt64 { value: 100_000 }),
+                period: Some(nri::OptionalUInt64 { value: 100_000 }),
+                cpus: "0-1".into(),
+                ..Default::default()
+            }),
+            memory: Some(nri::LinuxMemory {
+                limit: Some(nri::OptionalInt64 { value: 32 << 20 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nri_resources_read_as_the_kubelet_sent_them() {
+        let r = to_cri(&nri_resources());
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.cpu_period,
+                r.memory_limit_in_bytes
+            ),
+            (1024, 100_000, 100_000, 32 << 20)
+        );
+        assert_eq!(r.cpuset_cpus, "0-1");
+    }
+
+    #[test]
+    fn the_adjustment_carries_only_what_the_decision_changed() {
+        let kubelet = to_cri(&nri_resources());
+        let mut decided = kubelet.clone();
+        decided.cpuset_cpus = "1".into();
+        decided.cpuset_mems = "0".into();
+        let adj = adjustment(&kubelet, &decided);
+        let linux = adj.linux.unwrap();
+        let cpu = linux.resources.unwrap().cpu.unwrap();
+        assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("1", "0"));
+        assert!(cpu.quota.is_none() && cpu.shares.is_none());
+        assert!(linux.oom_score_adj.is_none());
+        // No CFS quota for exclusive CPUs: the quota is adjusted too.
+        decided.cpu_quota = -1;
+        decided.oom_score_adj = -999;
+        let linux = adjustment(&kubelet, &decided).linux.unwrap();
+        assert_eq!(
+            linux.resources.unwrap().cpu.unwrap().quota.unwrap().value,
+            -1
+        );
+        assert_eq!(linux.oom_score_adj.unwrap().value, -999);
+    }
+
+    #[test]
+    fn synchronize_lists_pods_containers_and_their_cpusets() {
+        let pod = nri::PodSandbox {
+            id: "p".into(),
+            name: "n".into(),
+            linux: Some(nri::LinuxPodSandbox {
+                cgroup_parent: "/kubepods/pod1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let c = nri::Container {
+            id: "c".into(),
+            pod_sandbox_id: "p".into(),
+            name: "x".into(),
+            state: nri::ContainerState::ContainerStopped as i32,
+            linux: Some(nri::LinuxContainer {
+                resources: Some(nri_resources()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let l = listing(&[pod], &[c]);
+        assert_eq!(l.pods[0].id, "p");
+        assert_eq!(
+            l.containers[0].state,
+            cri::ContainerState::ContainerExited as i32
+        );
+        let given = l.given.unwrap();
+        assert_eq!(given.pod_cgroup_parents["p"], "/kubepods/pod1");
+        let (res, cgroup) = &given.containers["c"];
+        assert_eq!(res.as_ref().unwrap().cpuset_cpus, "0-1");
+        assert!(cgroup.is_none());
+    }
+}
