@@ -18,6 +18,11 @@
 //! on the Node ([`node_publisher`]).
 //!
 //! Start it with [`run`], or [`Proxy::start`] to keep a handle (tests).
+//!
+//! The same resource manager also runs as an NRI plugin of the runtime
+//! ([`nri::NriPlugin`], `steward nri-plugin`): driven by the runtime's NRI
+//! events instead of intercepted CRI calls, with the same placement
+//! (`assemble.rs` builds both).
 
 mod assemble;
 pub mod assignments;
