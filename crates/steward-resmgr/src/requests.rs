@@ -194,7 +194,9 @@ pub fn validate_annotations(annotations: &HashMap<String, String>) -> Result<(),
 /// Validate the annotations in our domain; anything unknown or malformed
 /// there is an error. `CreateContainer` checks only these: [`derive_request`]
 /// checks the policies' hints itself.
-pub fn validate_own_annotations(annotations: &HashMap<String, String>) -> Result<(), ResmgrError> {
+pub fn validate_own_annotations<'a>(
+    annotations: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), ResmgrError> {
     for (key, value) in annotations {
         if !is_resmgr_annotation(key) {
             continue;

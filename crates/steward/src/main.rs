@@ -18,6 +18,7 @@ mod controller;
 mod cri_proxy;
 mod extender;
 mod metrics;
+mod nri_plugin;
 
 #[derive(Debug, Parser)]
 #[command(name = "steward", version, about = "Kubernetes node resource manager")]
@@ -47,6 +48,8 @@ enum Command {
     DiscoveryHandler(DiscoveryHandlerArgs),
     /// Run the CRI resource manager: a proxy between kubelet and the container runtime.
     CriProxy(cri_proxy::CriProxyArgs),
+    /// Run the CRI resource manager as an NRI plugin of the container runtime (containerd 2.x, 1.7 with NRI on).
+    NriPlugin(nri_plugin::NriPluginArgs),
     /// Run the reservation controller, the only writer of reservation decisions (leader-elected).
     Controller(controller::ControllerArgs),
     /// Serve kube-scheduler's extender (Filter, Prioritize) for pods that ask for steward slots.
@@ -125,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Instances(args) => runtime()?.block_on(agent::print_instances(&args)),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::CriProxy(args) => runtime()?.block_on(cri_proxy::run(args)),
+        Command::NriPlugin(args) => runtime()?.block_on(nri_plugin::run(args)),
         Command::Controller(args) => runtime()?.block_on(controller::run(args)),
         Command::Extender(args) => runtime()?.block_on(extender::run(args)),
         Command::DiscoveryHandler(args) => runtime()?.block_on(discovery_handler(args)),

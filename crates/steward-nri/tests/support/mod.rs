@@ -153,40 +153,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             d = d.display()
         );
         std::fs::write(d.join("config.toml"), config).expect("write config");
-        let log = std::fs::File::create(d.join("containerd.log")).expect("log file");
-        let path = format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let child = Command::new("setsid")
-            .args([
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-            ])
-            .arg(r#"mount --bind "$1" /run && exec containerd --config "$2""#)
-            .arg("sh")
-            .arg(d.join("run"))
-            .arg(d.join("config.toml"))
-            .env("PATH", path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd 2.1.9");
+        let pid = spawn(&d, &bin);
         let me = Self {
             dir,
             bin,
-            pid: child.id(),
+            pid,
             cgroup_parent,
         };
-        // The child is reaped by whoever waits on it; we stop it by PID.
-        std::mem::forget(child);
         me.wait_ready();
         me.import_images();
         me
@@ -252,6 +225,55 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     pub fn kill(&self) {
         signal(self.pid, "KILL");
     }
+
+    /// Kills containerd (SIGKILL; its shims and containers keep running)
+    /// and starts it again on the same state.
+    pub fn restart(&mut self) {
+        self.kill();
+        wait_gone(&[self.pid], Duration::from_secs(10));
+        let _ = std::fs::remove_file(self.nri_sock());
+        self.pid = spawn(self.dir.path(), &self.bin);
+        self.wait_ready();
+    }
+}
+
+/// Starts containerd on the config under `d`, in a mount namespace of its
+/// own with `d/run` on `/run`; answers its PID.
+fn spawn(d: &Path, bin: &Path) -> u32 {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.join("containerd.log"))
+        .expect("log file");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let child = Command::new("setsid")
+        .args([
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"mount --bind "$1" /run && exec containerd --config "$2""#)
+        .arg("sh")
+        .arg(d.join("run"))
+        .arg(d.join("config.toml"))
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn containerd 2.1.9");
+    let pid = child.id();
+    // The child is reaped by whoever waits on it; we stop it by PID.
+    std::mem::forget(child);
+    pid
 }
 
 impl Drop for Containerd2 {

@@ -5,6 +5,11 @@
 //! relayed untouched never touch that lock.
 
 mod pipeline;
+mod placement;
+mod runtime_events;
+
+pub(crate) use resync::{GivenStatus, RuntimeListing};
+pub use runtime_events::{FailOpen, Synchronized, Updates};
 mod reconfigure;
 mod refusals;
 
@@ -80,6 +85,10 @@ pub(crate) struct State {
     pending: BTreeSet<String>,
     /// Exclusive CPUs held for reserved pods (given to every new policy).
     holds: crate::reservations::Holds,
+    /// NRI transport: updates of running containers are collected here
+    /// (answered with the runtime's call, or sent by `UpdateContainers`)
+    /// instead of being sent as CRI `UpdateContainerResources`.
+    outbox: Option<Vec<(String, ResourcesRecord)>>,
 }
 
 /// Holds the pipeline lock; see [`ResourceManager::pause_pipeline`].
@@ -104,6 +113,9 @@ pub struct ResourceManager {
     pod_events: std::sync::OnceLock<steward_kube::EventSink>,
     /// Woken after every save of the cache (assignments may have changed).
     saved: tokio::sync::Notify,
+    /// NRI transport: where updates the event pipeline collected go (sent
+    /// by the plugin with `UpdateContainers`).
+    update_sink: std::sync::OnceLock<mpsc::UnboundedSender<Vec<(String, ResourcesRecord)>>>,
 }
 
 fn policy_err(e: PolicyError) -> ResmgrError {
@@ -168,6 +180,7 @@ impl ResourceManager {
                 rdt,
                 pending: BTreeSet::new(),
                 holds: crate::reservations::Holds::new(),
+                outbox: None,
             }),
             upstream,
             events,
@@ -178,6 +191,7 @@ impl ResourceManager {
             view: std::sync::OnceLock::new(),
             pod_events: std::sync::OnceLock::new(),
             saved: tokio::sync::Notify::new(),
+            update_sink: std::sync::OnceLock::new(),
         }
     }
 
@@ -296,15 +310,7 @@ impl ResourceManager {
                 rec.resources = resources.clone();
                 info!(container_id = %id, cpus = %a.cpus, pool = %a.pool, "assignment changed; updating container");
                 self.metrics.event("container-update");
-                let req = update_request(&id, &resources);
-                let result = self
-                    .call(
-                        "UpdateContainerResources",
-                        self.upstream.timeout(),
-                        self.upstream.runtime().update_container_resources(req),
-                    )
-                    .await;
-                if let Err(e) = result {
+                if let Err(e) = self.push_update(st, &id, &resources).await {
                     warn!(container_id = %id, error = %e, "updating container failed; will retry");
                     self.metrics.update_failed();
                     st.pending.insert(id.clone());
@@ -313,6 +319,32 @@ impl ResourceManager {
                 }
             }
         }
+    }
+
+    /// Tell the runtime a running container's new resources: a CRI
+    /// `UpdateContainerResources` (the proxy), or, under the NRI transport,
+    /// an entry in the outbox (a later entry for the same container
+    /// replaces an earlier one).
+    async fn push_update(
+        &self,
+        st: &mut State,
+        id: &str,
+        resources: &ResourcesRecord,
+    ) -> Result<(), ResmgrError> {
+        if let Some(out) = st.outbox.as_mut() {
+            out.retain(|(i, _)| i != id);
+            out.push((id.to_owned(), resources.clone()));
+            return Ok(());
+        }
+        self.call(
+            "UpdateContainerResources",
+            self.upstream.timeout(),
+            self.upstream
+                .runtime()
+                .update_container_resources(update_request(id, resources)),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Release a container's resources if it holds them.
@@ -367,6 +399,7 @@ impl ResourceManager {
                 self.retry_pending().await;
             }
         }
+        self.flush_outbox().await;
     }
 
     // ----- inspection -------------------------------------------------------

@@ -9,24 +9,17 @@
 use std::future::Future;
 use std::time::Duration;
 
-use steward_core::cpu::{ContainerKey, ContainerRequest, Decision};
+use steward_core::cpu::{ContainerKey, ContainerRequest};
 use steward_proto::cri::runtime::v1 as cri;
-use tracing::{debug, error, warn};
+use tracing::{error, warn};
 
-use super::{
-    ControlReport, Event, ResourceManager, State, cgroups_path_from_info, pod_facts, policy_err,
-};
-use crate::cache::{
-    AssignmentRecord, ContainerRecord, ContainerState, PodRecord, PodState, RequestRecord,
-    ResourcesRecord,
-};
+use super::{ControlReport, Event, ResourceManager, State, cgroups_path_from_info};
+use crate::cache::{ContainerState, PodRecord};
 use crate::cgroups::normalize_cgroups_path;
-use crate::control::cri::{edit_create, resources_for};
+use crate::control::cri::edit_create;
 use crate::control::rdt::RdtOutcome;
 use crate::error::ResmgrError;
-use crate::requests::{
-    classes_for, derive_request, validate_annotations, validate_own_annotations, validate_resources,
-};
+use crate::requests::validate_annotations;
 
 /// Deadline for intercepted calls forwarded on the kubelet's behalf (the
 /// kubelet's own default request timeout is 2 minutes).
@@ -82,17 +75,7 @@ impl ResourceManager {
             "StopPodSandbox",
             FORWARD_TIMEOUT,
             self.upstream.runtime().stop_pod_sandbox(req),
-            async |st, _| {
-                for cid in containers_of_pod(st, &id) {
-                    self.release_container(st, &cid).await;
-                    if let Some(c) = st.cache.data_mut().containers.get_mut(&cid) {
-                        c.state = ContainerState::Exited;
-                    }
-                }
-                if let Some(p) = st.cache.data_mut().pods.get_mut(&id) {
-                    p.state = PodState::NotReady;
-                }
-            },
+            async |st, _| self.pod_stopped_locked(st, &id).await,
         )
         .await
     }
@@ -107,13 +90,7 @@ impl ResourceManager {
             "RemovePodSandbox",
             FORWARD_TIMEOUT,
             self.upstream.runtime().remove_pod_sandbox(req),
-            async |st, _| {
-                for cid in containers_of_pod(st, &id) {
-                    self.release_container(st, &cid).await;
-                    st.cache.data_mut().containers.remove(&cid);
-                }
-                st.cache.data_mut().pods.remove(&id);
-            },
+            async |st, _| self.pod_removed_locked(st, &id).await,
         )
         .await
     }
@@ -141,74 +118,16 @@ impl ResourceManager {
             .as_ref()
             .and_then(|l| l.resources.clone())
             .unwrap_or_default();
-        validate_resources(&kubelet)?;
-        if let Some(sc) = &req.sandbox_config {
-            validate_own_annotations(&sc.annotations)?;
-        }
-
         let mut st = self.state.lock().await;
-        let pod = match &req.sandbox_config {
-            Some(sc) => PodRecord::from_config(&req.pod_sandbox_id, sc),
-            None => st
-                .cache
-                .data()
-                .pods
-                .get(&req.pod_sandbox_id)
-                .cloned()
-                .ok_or_else(|| ResmgrError::NotFound {
-                    kind: "pod sandbox",
-                    id: req.pod_sandbox_id.clone(),
-                })?,
-        };
-        let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
-        let classes = classes_for(&pod.annotations, &name);
-        if let Some(c) = &classes.blockio
-            && !st.blockio.knows(c)
-        {
-            return Err(ResmgrError::Annotation {
-                key: crate::requests::BLOCKIO_POD.into(),
-                reason: format!("block I/O class {c:?} is not configured"),
-            });
-        }
-        if let Some(c) = &classes.rdt
-            && !st.rdt.knows(c)
-        {
-            return Err(ResmgrError::Annotation {
-                key: crate::requests::RDT_POD.into(),
-                reason: format!("RDT class {c:?} is not configured"),
-            });
-        }
-
-        let key = request.key.clone();
-        let prior = st.policy.assignments().get(&key).is_some();
-        let prior_request = if prior {
-            st.cache
-                .ids_for_key(&key)
-                .into_iter()
-                .filter_map(|id| st.cache.data().containers.get(&id))
-                .find(|c| c.assignment.is_some())
-                .and_then(|c| {
-                    st.cache
-                        .data()
-                        .pods
-                        .get(&c.pod_id)
-                        .map(|p| c.request.to_request(p, &c.name))
-                })
-        } else {
-            None
-        };
-        let decision = st.policy.allocate(&request).map_err(policy_err)?;
-        let Some(own) = st.policy.assignments().get(&key).cloned() else {
-            self.rollback(&mut st, &key, prior_request.as_ref()).await;
-            return Err(ResmgrError::NoAssignment {
-                key: key.to_string(),
-            });
-        };
-        let resources = resources_for(&kubelet, &own, &st.config.cri);
+        let pod = req
+            .sandbox_config
+            .as_ref()
+            .map(|sc| PodRecord::from_config(&req.pod_sandbox_id, sc));
+        let placed = self
+            .place(&mut st, &req.pod_sandbox_id, pod, name, kubelet)
+            .await?;
         let mut forwarded = req.clone();
-        edit_create(&mut forwarded, resources.clone());
-        debug!(%key, cpus = %own.cpus, mems = %own.mems, pool = %own.pool, "creating container");
-
+        edit_create(&mut forwarded, placed.resources.clone());
         let created = self
             .call(
                 "CreateContainer",
@@ -219,46 +138,22 @@ impl ResourceManager {
         let resp = match created {
             Ok(r) => r,
             Err(e) => {
-                self.rollback(&mut st, &key, prior_request.as_ref()).await;
+                self.unplace(&mut st, placed).await;
                 return Err(e);
             }
         };
-        let id = resp.container_id.clone();
-        // An earlier attempt of the same container hands the key over.
-        for old in st.cache.ids_for_key(&key) {
-            if let Some(c) = st.cache.data_mut().containers.get_mut(&old) {
-                c.assignment = None;
-            }
-        }
-        let seq = st.cache.next_seq();
-        st.cache
-            .data_mut()
-            .pods
-            .entry(pod.id.clone())
-            .or_insert_with(|| pod.clone());
-        st.cache.data_mut().containers.insert(
-            id.clone(),
-            ContainerRecord {
-                id: id.clone(),
-                pod_id: pod.id.clone(),
-                name,
-                request: RequestRecord::from_request(&request),
-                assignment: Some(AssignmentRecord::from_assignment(&own)),
-                kubelet_resources: ResourcesRecord::from_cri(&kubelet),
-                resources: ResourcesRecord::from_cri(&resources),
-                state: ContainerState::Created,
-                cgroups_path: None,
-                blockio_class: classes.blockio,
-                rdt_class: classes.rdt,
-                seq,
-            },
-        );
-        self.apply_decision(&mut st, &decision, Some(&id)).await;
+        self.commit_placed(&mut st, placed, &resp.container_id)
+            .await;
         self.save(&st);
         Ok(resp)
     }
 
-    async fn rollback(&self, st: &mut State, key: &ContainerKey, prior: Option<&ContainerRequest>) {
+    pub(super) async fn rollback(
+        &self,
+        st: &mut State,
+        key: &ContainerKey,
+        prior: Option<&ContainerRequest>,
+    ) {
         let d = match prior {
             Some(r) => match st.policy.allocate(r) {
                 Ok(d) => d,
@@ -333,7 +228,7 @@ impl ResourceManager {
         Ok(resp)
     }
 
-    fn out_of_band(&self, st: &State, id: &str) {
+    pub(super) fn out_of_band(&self, st: &State, id: &str) {
         let Some(c) = st.cache.data().containers.get(id) else {
             return;
         };
@@ -402,12 +297,7 @@ impl ResourceManager {
             "StopContainer",
             limit,
             self.upstream.runtime().stop_container(req),
-            async |st, _| {
-                self.release_container(st, &id).await;
-                if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
-                    c.state = ContainerState::Exited;
-                }
-            },
+            async |st, _| self.container_stopped_locked(st, &id).await,
         )
         .await
     }
@@ -422,10 +312,7 @@ impl ResourceManager {
             "RemoveContainer",
             FORWARD_TIMEOUT,
             self.upstream.runtime().remove_container(req),
-            async |st, _| {
-                self.release_container(st, &id).await;
-                st.cache.data_mut().containers.remove(&id);
-            },
+            async |st, _| self.container_removed_locked(st, &id).await,
         )
         .await
     }
@@ -445,11 +332,8 @@ impl ResourceManager {
                 )
                 .await;
         };
-        validate_resources(&linux)?;
         let mut st = self.state.lock().await;
-        let id = req.container_id.clone();
-        let known = st.cache.data().containers.get(&id).cloned();
-        let Some(rec) = known.filter(|c| c.assignment.is_some()) else {
+        let Some(plan) = self.replace_plan(&mut st, &req.container_id, linux).await? else {
             drop(st);
             return self
                 .call(
@@ -459,33 +343,8 @@ impl ResourceManager {
                 )
                 .await;
         };
-        let pod = st
-            .cache
-            .data()
-            .pods
-            .get(&rec.pod_id)
-            .cloned()
-            .ok_or_else(|| ResmgrError::NotFound {
-                kind: "pod sandbox",
-                id: rec.pod_id.clone(),
-            })?;
-        let new_request = derive_request(&pod_facts(&pod), &rec.name, &linux)?;
-        let old_request = rec.request.to_request(&pod, &rec.name);
-        let changed = RequestRecord::from_request(&new_request) != rec.request;
-        let decision = if changed {
-            st.policy.allocate(&new_request).map_err(policy_err)?
-        } else {
-            Decision::default()
-        };
-        let key = new_request.key.clone();
-        let own = st.policy.assignments().get(&key).cloned().ok_or_else(|| {
-            ResmgrError::NoAssignment {
-                key: key.to_string(),
-            }
-        })?;
-        let resources = resources_for(&linux, &own, &st.config.cri);
         let mut forwarded = req.clone();
-        forwarded.linux = Some(resources.clone());
+        forwarded.linux = Some(plan.resources.clone());
         let result = self
             .call(
                 "UpdateContainerResources",
@@ -498,19 +357,11 @@ impl ResourceManager {
         let resp = match result {
             Ok(r) => r,
             Err(e) => {
-                if changed {
-                    self.rollback(&mut st, &key, Some(&old_request)).await;
-                }
+                self.undo_replace(&mut st, plan).await;
                 return Err(e);
             }
         };
-        if let Some(c) = st.cache.data_mut().containers.get_mut(&id) {
-            c.request = RequestRecord::from_request(&new_request);
-            c.kubelet_resources = ResourcesRecord::from_cri(&linux);
-            c.resources = ResourcesRecord::from_cri(&resources);
-            c.assignment = Some(AssignmentRecord::from_assignment(&own));
-        }
-        self.apply_decision(&mut st, &decision, Some(&id)).await;
+        self.commit_replace(&mut st, plan).await;
         self.save(&st);
         Ok(resp)
     }
@@ -540,7 +391,7 @@ impl ResourceManager {
 }
 
 /// IDs of the cached containers of pod `pod_id`.
-fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
+pub(super) fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
     st.cache
         .data()
         .containers

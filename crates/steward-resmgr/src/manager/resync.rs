@@ -18,7 +18,7 @@ use crate::cache::{
     AssignmentRecord, ContainerRecord, ContainerState, PodRecord, PodState, RequestRecord,
     ResourcesRecord,
 };
-use crate::control::cri::{resources_for, update_request};
+use crate::control::cri::resources_for;
 use crate::error::ResmgrError;
 use crate::requests::{classes_for, derive_request};
 
@@ -46,7 +46,57 @@ impl ResyncReport {
     }
 }
 
+/// What the runtime has: CRI's listings, and for NRI's Synchronize what
+/// it reported of each container (CRI asks `ContainerStatus` instead).
+#[derive(Debug, Default)]
+pub(crate) struct RuntimeListing {
+    pub pods: Vec<cri::PodSandbox>,
+    pub containers: Vec<cri::Container>,
+    pub given: Option<GivenStatus>,
+}
+
+/// Per container, the resources the runtime reports and its cgroups path;
+/// per pod, its cgroup parent.
+#[derive(Debug, Default)]
+pub(crate) struct GivenStatus {
+    pub containers: BTreeMap<String, (Option<cri::LinuxContainerResources>, Option<String>)>,
+    pub pod_cgroup_parents: BTreeMap<String, String>,
+}
+
 impl ResourceManager {
+    /// A container's resources and cgroups path, as the runtime reports them.
+    async fn runtime_status(
+        &self,
+        id: &str,
+        verbose: bool,
+        given: Option<&GivenStatus>,
+    ) -> Option<(Option<cri::LinuxContainerResources>, Option<String>)> {
+        if let Some(g) = given {
+            return g.containers.get(id).cloned();
+        }
+        let status = self
+            .call(
+                "ContainerStatus",
+                self.upstream.timeout(),
+                self.upstream
+                    .runtime()
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: id.to_owned(),
+                        verbose,
+                    }),
+            )
+            .await
+            .ok()?;
+        let cgroup = cgroups_path_from_info(&status.info);
+        Some((
+            status
+                .status
+                .and_then(|s| s.resources)
+                .and_then(|r| r.linux),
+            cgroup,
+        ))
+    }
+
     /// Startup: prune the restored cache against the runtime, restore the
     /// policy from it, adopt unknown containers. With the runtime down, the
     /// policy is restored from the cache alone and a re-sync is queued for
@@ -128,15 +178,7 @@ impl ResourceManager {
                 st.pending.remove(&id);
                 continue;
             }
-            let r = self
-                .call(
-                    "UpdateContainerResources",
-                    self.upstream.timeout(),
-                    self.upstream
-                        .runtime()
-                        .update_container_resources(update_request(&id, &rec.resources)),
-                )
-                .await;
+            let r = self.push_update(&mut st, &id, &rec.resources).await;
             match r {
                 Ok(_) => {
                     info!(container_id = %id, "retried update succeeded");
@@ -184,6 +226,29 @@ impl ResourceManager {
             )
             .await?
             .containers;
+        let listing = RuntimeListing {
+            pods,
+            containers: ctrs,
+            given: None,
+        };
+        self.reconcile(st, restore, listing).await
+    }
+
+    /// Re-sync against what the runtime reported: forget what it no longer
+    /// has, adopt what it has that we did not know, re-apply resources that
+    /// differ (CRI re-sync and NRI Synchronize alike).
+    pub(crate) async fn reconcile(
+        &self,
+        st: &mut State,
+        restore: bool,
+        listing: RuntimeListing,
+    ) -> Result<ResyncReport, ResmgrError> {
+        let RuntimeListing {
+            pods,
+            containers: ctrs,
+            given,
+        } = listing;
+        let given = given.as_ref();
         let rt_pods: BTreeMap<String, cri::PodSandbox> =
             pods.into_iter().map(|p| (p.id.clone(), p)).collect();
         let rt_ctrs: BTreeMap<String, cri::Container> =
@@ -255,7 +320,9 @@ impl ResourceManager {
                     uid: meta.uid,
                     name: meta.name,
                     namespace: meta.namespace,
-                    cgroup_parent: String::new(),
+                    cgroup_parent: given
+                        .and_then(|g| g.pod_cgroup_parents.get(id).cloned())
+                        .unwrap_or_default(),
                     annotations: p
                         .annotations
                         .iter()
@@ -280,7 +347,7 @@ impl ResourceManager {
             if !live || st.cache.data().containers.contains_key(id) {
                 continue;
             }
-            match self.adopt(st, c).await {
+            match self.adopt(st, c, given).await {
                 Ok(()) => {
                     self.metrics.drift("container-adopted");
                     report.containers_adopted.push(id.clone());
@@ -299,36 +366,14 @@ impl ResourceManager {
             .cloned()
             .collect();
         for c in live {
-            let status = self
-                .call(
-                    "ContainerStatus",
-                    t,
-                    rt.clone().container_status(cri::ContainerStatusRequest {
-                        container_id: c.id.clone(),
-                        verbose: false,
-                    }),
-                )
-                .await;
-            let Ok(status) = status else { continue };
-            let Some(actual) = status
-                .status
-                .and_then(|s| s.resources)
-                .and_then(|r| r.linux)
-            else {
+            let Some((Some(actual), _)) = self.runtime_status(&c.id, false, given).await else {
                 continue;
             };
             if !same_cpus(&actual.cpuset_cpus, &c.resources.cpuset_cpus) {
                 warn!(container_id = %c.id, runtime = %actual.cpuset_cpus, expected = %c.resources.cpuset_cpus,
                     "runtime resources drifted; re-applying");
                 self.metrics.drift("runtime-resources");
-                let r = self
-                    .call(
-                        "UpdateContainerResources",
-                        t,
-                        rt.clone()
-                            .update_container_resources(update_request(&c.id, &c.resources)),
-                    )
-                    .await;
+                let r = self.push_update(st, &c.id, &c.resources).await;
                 if r.is_ok() {
                     report.resources_repaired.push(c.id.clone());
                 } else {
@@ -370,7 +415,7 @@ impl ResourceManager {
     }
 
     /// Rebuild the policy state from the cache (after a restart).
-    async fn restore_policy(&self, st: &mut State) {
+    pub(super) async fn restore_policy(&self, st: &mut State) {
         let allocated = st.cache.allocated();
         let entries: Vec<(ContainerRequest, Assignment)> = allocated
             .iter()
@@ -403,7 +448,12 @@ impl ResourceManager {
 
     /// Take over a container the cache did not know: derive its request from
     /// what the runtime reports, place it, and update it.
-    async fn adopt(&self, st: &mut State, c: &cri::Container) -> Result<(), ResmgrError> {
+    async fn adopt(
+        &self,
+        st: &mut State,
+        c: &cri::Container,
+        given: Option<&GivenStatus>,
+    ) -> Result<(), ResmgrError> {
         let pod = st
             .cache
             .data()
@@ -415,24 +465,30 @@ impl ResourceManager {
                 id: c.pod_sandbox_id.clone(),
             })?;
         let name = c.metadata.clone().unwrap_or_default().name;
-        let status = self
-            .call(
-                "ContainerStatus",
-                self.upstream.timeout(),
-                self.upstream
-                    .runtime()
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: c.id.clone(),
-                        verbose: true,
-                    }),
-            )
-            .await?;
-        let cgroup = cgroups_path_from_info(&status.info);
-        let kubelet = status
-            .status
-            .and_then(|s| s.resources)
-            .and_then(|r| r.linux)
-            .unwrap_or_default();
+        let (kubelet, cgroup) = match given {
+            Some(g) => g.containers.get(&c.id).cloned().unwrap_or_default(),
+            None => {
+                let status = self
+                    .call(
+                        "ContainerStatus",
+                        self.upstream.timeout(),
+                        self.upstream
+                            .runtime()
+                            .container_status(cri::ContainerStatusRequest {
+                                container_id: c.id.clone(),
+                                verbose: true,
+                            }),
+                    )
+                    .await?;
+                let cgroup = cgroups_path_from_info(&status.info);
+                let kubelet = status
+                    .status
+                    .and_then(|s| s.resources)
+                    .and_then(|r| r.linux);
+                (kubelet, cgroup)
+            }
+        };
+        let kubelet = kubelet.unwrap_or_default();
         let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
         let decision = st.policy.allocate(&request).map_err(policy_err)?;
         let own = st
@@ -469,16 +525,7 @@ impl ResourceManager {
         );
         info!(container_id = %c.id, cpus = %own.cpus, "adopted a container the cache did not know");
         let r = self
-            .call(
-                "UpdateContainerResources",
-                self.upstream.timeout(),
-                self.upstream
-                    .runtime()
-                    .update_container_resources(update_request(
-                        &c.id,
-                        &ResourcesRecord::from_cri(&resources),
-                    )),
-            )
+            .push_update(st, &c.id, &ResourcesRecord::from_cri(&resources))
             .await;
         if r.is_err() {
             st.pending.insert(c.id.clone());

@@ -6,7 +6,6 @@ use tracing::warn;
 
 use super::{ResourceManager, State, same_cpus};
 use crate::cache::ContainerState;
-use crate::control::cri::update_request;
 
 /// The result of reading back one container's cgroups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +44,8 @@ impl ResourceManager {
         only: Option<&str>,
     ) -> Vec<VerifyReport> {
         let mut out = Vec::new();
-        for c in st.cache.data().containers.values() {
+        let containers: Vec<_> = st.cache.data().containers.values().cloned().collect();
+        for c in &containers {
             if only.is_some_and(|id| id != c.id) {
                 continue;
             }
@@ -112,15 +112,7 @@ impl ResourceManager {
             }
             if !r.drift.is_empty() {
                 warn!(container_id = %c.id, drift = ?r.drift, "applied resources drifted; re-applying");
-                let res = self
-                    .call(
-                        "UpdateContainerResources",
-                        self.upstream.timeout(),
-                        self.upstream
-                            .runtime()
-                            .update_container_resources(update_request(&c.id, &c.resources)),
-                    )
-                    .await;
+                let res = self.push_update(st, &c.id, &c.resources).await;
                 r.repaired = res.is_ok();
             }
             out.push(r);
