@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
 # Run a private containerd (CRI enabled) for steward's tests.
 #
-#   containerd.sh start STATE_DIR   install packages if missing, build and import
+#   containerd.sh start STATE_DIR [BIN_DIR]
+#                                   install packages if missing, build and import
 #                                   the local images, start containerd, print
 #                                   CONTAINERD_SOCK=... and CONTAINERD_CGROUP_PARENT=...
 #   containerd.sh stop STATE_DIR    stop it and remove everything it left behind:
 #                                   shims, container processes, mounts, network
 #                                   namespaces, cgroups under our parent, CNI bridge
 #
+# Without BIN_DIR the machine's containerd (1.6) runs. With BIN_DIR (a
+# directory holding containerd 2.x, its ctr and its shim, as
+# scripts/containerd2.sh prints) that containerd runs instead, first on its
+# PATH so it starts its own shim, with NRI on a socket under STATE_DIR
+# (CONTAINERD_NRI_SOCK=...) and CDI on, reading specs from STATE_DIR/cdi
+# (CONTAINERD_CDI_SPEC_DIR=...). containerd always puts shim sockets and runc
+# state under /run/containerd: a 2.x instance runs in a mount namespace of
+# its own with STATE_DIR/run bind-mounted on /run, so two instances never
+# meet there, and its rootfs mounts vanish with that namespace.
+#
 # Both commands are idempotent. Everything lives under STATE_DIR except what
-# containerd/runc always put under /run/containerd (runc state, shim sockets)
-# and the cgroups, which go under CONTAINERD_CGROUP_PARENT, a cgroup parent
-# private to this instance. Tests must use that parent so cleanup is precise.
-# Only processes that descend from this instance are ever signalled.
+# the machine's containerd/runc always put under /run/containerd (runc state,
+# shim sockets) and the cgroups, which go under CONTAINERD_CGROUP_PARENT, a
+# cgroup parent private to this instance. Tests must use that parent so
+# cleanup is precise. Only processes that descend from this instance are
+# ever signalled.
 #
 # Needs root. Env: STEWARD_IMAGE_DIR (where image tarballs are cached,
 # default STATE_DIR/images).
@@ -21,8 +33,6 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PACKAGES=(containerd runc busybox-static containernetworking-plugins)
 CNI_BIN_DIR=/usr/lib/cni
-RUNC_ROOT=/run/containerd/runc/k8s.io
-SHIM_SOCKET_DIR=/run/containerd/s
 NETNS_DIR=/var/run/netns
 CGROUP_ROOT=/sys/fs/cgroup
 STOP_TIMEOUT=10
@@ -34,7 +44,7 @@ die() {
 }
 
 usage() {
-    echo "usage: $0 start|stop STATE_DIR" >&2
+    echo "usage: $0 start STATE_DIR [BIN_DIR] | stop STATE_DIR" >&2
     exit 2
 }
 
@@ -48,6 +58,25 @@ init_paths() {
     LOG_FILE=$STATE_DIR/containerd.log
     CNI_CONF_DIR=$STATE_DIR/cni/net.d
     IMAGE_DIR=${STEWARD_IMAGE_DIR:-$STATE_DIR/images}
+    NRI_SOCK=$STATE_DIR/nri.sock
+    CDI_DIR=$STATE_DIR/cdi
+    # The containerd 2.x this instance runs (empty: the machine's own); kept
+    # in the state directory so `stop` knows the layout `start` chose.
+    BIN_FILE=$STATE_DIR/bin-dir
+    BIN_DIR=${2:-}
+    if [ -z "$BIN_DIR" ] && [ -f "$BIN_FILE" ]; then BIN_DIR=$(cat "$BIN_FILE"); fi
+    CTR=ctr
+    RUN_DIR=/run
+    SUBNET_PREFIX=10.231
+    if [ -n "$BIN_DIR" ]; then
+        CTR=$BIN_DIR/ctr
+        RUN_DIR=$STATE_DIR/run
+        # Its own /24s, so its bridge never routes the same subnet as a 1.6
+        # instance's.
+        SUBNET_PREFIX=10.232
+    fi
+    RUNC_ROOT=$RUN_DIR/containerd/runc/k8s.io
+    SHIM_SOCKET_DIR=$RUN_DIR/containerd/s
     # Names private to this instance, derived from its state directory.
     local hash
     hash=$(printf '%s' "$STATE_DIR" | sha256sum | cut -c1-8)
@@ -113,6 +142,9 @@ ensure_packages() {
     local missing=0
     command -v containerd >/dev/null 2>&1 || missing=1
     command -v ctr >/dev/null 2>&1 || missing=1
+    if [ -n "$BIN_DIR" ]; then
+        [ -x "$BIN_DIR/containerd" ] && [ -x "$BIN_DIR/ctr" ] || die "no containerd and ctr in $BIN_DIR"
+    fi
     command -v runc >/dev/null 2>&1 || missing=1
     [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || missing=1
     [ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/host-local" ] && [ -x "$CNI_BIN_DIR/loopback" ] || missing=1
@@ -126,6 +158,21 @@ ensure_packages() {
 
 write_config() {
     mkdir -p "$CNI_CONF_DIR" "$STATE_DIR/root" "$STATE_DIR/state" "$STATE_DIR/opt" "$STATE_DIR/cni/ipam"
+    # containerd 2.x: NRI on a socket of its own (2.x turns it on at a
+    # machine-wide path otherwise), CDI on (the 2.x default, said here so the
+    # spec directory is ours). 1.6 knows neither.
+    local nri="" cdi=""
+    if [ -n "$BIN_DIR" ]; then
+        mkdir -p "$RUN_DIR" "$CDI_DIR"
+        nri="
+[plugins.\"io.containerd.nri.v1.nri\"]
+  disable = false
+  socket_path = \"$NRI_SOCK\"
+"
+        cdi="  enable_cdi = true
+  cdi_spec_dirs = [\"$CDI_DIR\"]
+"
+    fi
     cat >"$CONFIG" <<EOF
 # Private containerd for steward tests (written by containerd.sh).
 version = 2
@@ -150,10 +197,10 @@ disabled_plugins = [
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "$STATE_DIR/opt"
-
+$nri
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "steward.local/pause:latest"
-  restrict_oom_score_adj = true
+$cdi  restrict_oom_score_adj = true
   enable_selinux = false
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -189,7 +236,7 @@ EOF
       "ipam": {
         "type": "host-local",
         "dataDir": "$STATE_DIR/cni/ipam",
-        "ranges": [[{ "subnet": "10.231.$SUBNET_OCTET.0/24" }]],
+        "ranges": [[{ "subnet": "$SUBNET_PREFIX.$SUBNET_OCTET.0/24" }]],
         "routes": [{ "dst": "0.0.0.0/0" }]
       }
     }
@@ -202,6 +249,10 @@ print_env() {
     echo "CONTAINERD_SOCK=$SOCK"
     echo "CONTAINERD_CGROUP_PARENT=$CGROUP_PARENT"
     echo "CONTAINERD_PID=$1"
+    if [ -n "$BIN_DIR" ]; then
+        echo "CONTAINERD_NRI_SOCK=$NRI_SOCK"
+        echo "CONTAINERD_CDI_SPEC_DIR=$CDI_DIR"
+    fi
 }
 
 cmd_start() {
@@ -215,16 +266,24 @@ cmd_start() {
     ensure_packages
     "$SCRIPT_DIR/build-images.sh" "$IMAGE_DIR" >&2 || die "building images failed"
     write_config
-    rm -f "$SOCK" "$SOCK.ttrpc" "$STATE_DIR/debug.sock"
+    rm -f "$SOCK" "$SOCK.ttrpc" "$STATE_DIR/debug.sock" "$NRI_SOCK"
 
     # Detached from our session and stdio so callers reading our output do
     # not wait for containerd to exit.
-    setsid containerd --config "$CONFIG" </dev/null >>"$LOG_FILE" 2>&1 &
+    if [ -n "$BIN_DIR" ]; then
+        printf '%s\n' "$BIN_DIR" >"$BIN_FILE"
+        # unshare and sh exec: the PID is containerd's own.
+        PATH="$BIN_DIR:$PATH" setsid unshare --mount --propagation private -- \
+            sh -c 'mount --bind "$1" /run && exec containerd --config "$2"' sh "$RUN_DIR" "$CONFIG" \
+            </dev/null >>"$LOG_FILE" 2>&1 &
+    else
+        setsid containerd --config "$CONFIG" </dev/null >>"$LOG_FILE" 2>&1 &
+    fi
     pid=$!
     echo "$pid" >"$PID_FILE"
 
     local waited=0
-    until ctr -a "$SOCK" version >/dev/null 2>&1; do
+    until "$CTR" -a "$SOCK" version >/dev/null 2>&1 && { [ -z "$BIN_DIR" ] || [ -S "$NRI_SOCK" ]; }; do
         if ! pid_alive "$pid"; then
             tail -n 30 "$LOG_FILE" >&2 || true
             die "containerd exited during startup (log: $LOG_FILE)"
@@ -237,7 +296,7 @@ cmd_start() {
         waited=$((waited + 1))
     done
 
-    if ! ctr -a "$SOCK" plugins ls 2>/dev/null | grep -E '^io\.containerd\.grpc\.v1[[:space:]]+cri[[:space:]]' | grep -q ' ok'; then
+    if ! "$CTR" -a "$SOCK" plugins ls 2>/dev/null | grep -E '^io\.containerd\.grpc\.v1[[:space:]]+cri[[:space:]]' | grep -q ' ok'; then
         grep -E 'level=(error|warning)' "$LOG_FILE" | tail -n 10 >&2 || true
         terminate "$pid"
         die "the CRI plugin did not load (log: $LOG_FILE)"
@@ -245,7 +304,7 @@ cmd_start() {
 
     local image
     for image in busybox pause; do
-        ctr -a "$SOCK" -n k8s.io images import "$IMAGE_DIR/$image.tar" >&2 ||
+        "$CTR" -a "$SOCK" -n k8s.io images import "$IMAGE_DIR/$image.tar" >&2 ||
             die "importing $image image failed"
     done
     log "containerd running (pid $pid)"
@@ -360,15 +419,18 @@ cmd_stop() {
         ip link delete "$BRIDGE" || log "warning: could not delete bridge $BRIDGE"
     fi
 
-    rm -f "$PID_FILE" "$SOCK" "$SOCK.ttrpc" "$STATE_DIR/debug.sock"
+    rm -f "$PID_FILE" "$SOCK" "$SOCK.ttrpc" "$STATE_DIR/debug.sock" "$NRI_SOCK"
+    # A 2.x instance's private /run (shim sockets, runc state): nothing is
+    # mounted on it outside its namespace, which is gone with its processes.
+    if [ -n "$BIN_DIR" ] && [ -d "$RUN_DIR" ]; then rm -rf "$RUN_DIR"; fi
     log "stopped"
 }
 
-[ "$#" -eq 2 ] || usage
+[ "$#" -eq 2 ] || { [ "$#" -eq 3 ] && [ "$1" = start ]; } || usage
 case "$1" in
     start)
         mkdir -p "$2"
-        init_paths "$2"
+        init_paths "$2" "${3:-}"
         cmd_start
         ;;
     stop)

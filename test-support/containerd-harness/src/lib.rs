@@ -12,6 +12,18 @@
 //!
 //! The images [`BUSYBOX_IMAGE`] and [`PAUSE_IMAGE`] are built locally by
 //! `scripts/build-images.sh` and imported at start; no registry is needed.
+//!
+//! `scripts/test` runs the containerd-backed tests twice: once attached to
+//! containerd 1.6, once to containerd 2.x ([`SOCK_ENV`] and friends point at
+//! it). [`Containerd::runtime_version`] says which one a test talks to;
+//! [`Containerd::cdi_spec_dir`] where a CDI-injecting runtime reads specs.
+//! [`Containerd2`] is a private 2.x instance of a test's own (NRI tests).
+
+mod containerd2;
+mod version;
+
+pub use containerd2::{BIN_ENV as CONTAINERD2_BIN_ENV, Containerd2, bin_dir, bin_dir_or_skip};
+pub use version::{RuntimeVersion, runtime_version};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +48,9 @@ pub const SOCK_ENV: &str = "STEWARD_CONTAINERD_SOCK";
 /// Cgroup parent for pods when attaching through [`SOCK_ENV`]
 /// (default [`DEFAULT_EXTERNAL_CGROUP_PARENT`]).
 pub const CGROUP_PARENT_ENV: &str = "STEWARD_CONTAINERD_CGROUP_PARENT";
+/// The directory an attached containerd reads CDI specs from (set only for
+/// a runtime that injects CDI devices itself, i.e. containerd 2.x).
+pub const CDI_SPEC_DIR_ENV: &str = "STEWARD_CONTAINERD_CDI_SPEC_DIR";
 /// Cgroup parent used with an external containerd when [`CGROUP_PARENT_ENV`]
 /// is unset.
 pub const DEFAULT_EXTERNAL_CGROUP_PARENT: &str = "/steward-test/external";
@@ -140,6 +155,7 @@ impl HarnessError {
 pub struct Containerd {
     sock: PathBuf,
     cgroup_parent: String,
+    cdi_spec_dir: Option<PathBuf>,
     owned: Option<Owned>,
 }
 
@@ -254,10 +270,14 @@ impl Containerd {
                 .ok()
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| DEFAULT_EXTERNAL_CGROUP_PARENT.to_owned());
-            info!(sock = %sock.display(), %cgroup_parent, "using external containerd");
+            let cdi_spec_dir = std::env::var_os(CDI_SPEC_DIR_ENV)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from);
+            info!(sock = %sock.display(), %cgroup_parent, ?cdi_spec_dir, "using external containerd");
             return Ok(Self {
                 sock,
                 cgroup_parent,
+                cdi_spec_dir,
                 owned: None,
             });
         }
@@ -282,6 +302,7 @@ impl Containerd {
         Self {
             sock: sock.into(),
             cgroup_parent: cgroup_parent.into(),
+            cdi_spec_dir: None,
             owned: None,
         }
     }
@@ -330,6 +351,7 @@ impl Containerd {
         Ok(Self {
             sock,
             cgroup_parent,
+            cdi_spec_dir: parse_var(&stdout, "CONTAINERD_CDI_SPEC_DIR").map(PathBuf::from),
             owned: Some(owned),
         })
     }
@@ -343,6 +365,17 @@ impl Containerd {
     /// `/steward-test/1a2b3c4d`.
     pub fn cgroup_parent(&self) -> &str {
         &self.cgroup_parent
+    }
+
+    /// Where this runtime reads CDI specs from, if it injects CDI devices
+    /// itself (containerd 2.x as `scripts/test` starts it); `None` for 1.6.
+    pub fn cdi_spec_dir(&self) -> Option<&Path> {
+        self.cdi_spec_dir.as_deref()
+    }
+
+    /// The runtime's name and version (CRI `Version`).
+    pub async fn runtime_version(&self) -> Result<RuntimeVersion, HarnessError> {
+        runtime_version(&self.sock).await
     }
 
     /// State directory of a containerd we started (None when attached).
