@@ -32,23 +32,9 @@ impl SlotLedger {
         let (id, mut plan) = self.open_plan(at);
         let mut writes = Vec::new();
         for slot in slots {
-            let epoch = self.bump();
-            let claim = self
-                .claims
-                .entry(slot.clone())
-                .or_insert_with(|| LocalClaim {
-                    epoch,
-                    holder: None,
-                    since: at,
-                    awaiting: None,
-                    answered: None,
-                    plan: None,
-                    dra: None,
-                });
+            let claim = self.open_claim(slot, id, at);
             plan.slots.push((slot.clone(), claim.awaiting));
-            claim.epoch = epoch;
             claim.awaiting = Some(at);
-            claim.plan = Some(id);
             let record = self.record(slot, &self.claims[slot.as_str()]);
             writes.push(record);
         }

@@ -44,25 +44,11 @@ impl SlotLedger {
         let (id, mut plan) = self.open_plan(at);
         let mut writes = Vec::new();
         for (slot, hold) in wanted {
-            let epoch = self.bump();
             if !self.claims.contains_key(slot) {
                 plan.created.insert(slot.clone());
             }
-            let claim = self
-                .claims
-                .entry(slot.clone())
-                .or_insert_with(|| LocalClaim {
-                    epoch,
-                    holder: None,
-                    since: at,
-                    awaiting: None,
-                    answered: None,
-                    plan: None,
-                    dra: None,
-                });
             plan.slots.push((slot.clone(), None));
-            claim.epoch = epoch;
-            claim.plan = Some(id);
+            let claim = self.open_claim(slot, id, at);
             claim.dra = Some(Box::new(hold.clone()));
             writes.push(self.record(slot, &self.claims[slot.as_str()]));
         }

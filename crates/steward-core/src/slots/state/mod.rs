@@ -327,6 +327,28 @@ impl SlotLedger {
         (id, plan)
     }
 
+    /// This node's claim on `slot`, opened for plan `plan` at a new epoch:
+    /// created held by nobody since `at` when there was none. What the plan
+    /// holds it for (an awaited pod, a DRA claim) is the caller's.
+    pub(super) fn open_claim(&mut self, slot: &str, plan: PlanId, at: Millis) -> &mut LocalClaim {
+        let epoch = self.bump();
+        let claim = self
+            .claims
+            .entry(slot.to_owned())
+            .or_insert_with(|| LocalClaim {
+                epoch,
+                holder: None,
+                since: at,
+                awaiting: None,
+                answered: None,
+                plan: None,
+                dra: None,
+            });
+        claim.epoch = epoch;
+        claim.plan = Some(plan);
+        claim
+    }
+
     pub(super) fn bump(&mut self) -> u64 {
         let epoch = self.next_epoch;
         self.next_epoch += 1;
