@@ -15,6 +15,12 @@
 //! the same name. A device node's `hostPath` defaults to its `path`, its
 //! permissions to `rwm`; a mount with the `ro` option is read-only.
 //!
+//! [`pass_devices`] is what the stand-in does with the CDI device IDs of an
+//! Allocate answer or a DRA prepare: hand them to a runtime that applies
+//! CDI itself (containerd 2.x) in `ContainerConfig.CDI_devices`, as kubelet
+//! does, and resolve and apply them itself only for one that does not
+//! (containerd 1.6).
+//!
 //! Not handled: YAML spec files (skipped, and named when a device is not
 //! found), hooks, `additionalGids`, `intelRdt`, `netDevices` and device
 //! node type/major/minor (listed in [`ContainerEdits::unsupported`]; CRI
@@ -402,4 +408,41 @@ pub fn resolve<P: AsRef<Path>, S: AsRef<str>>(
     ids: &[S],
 ) -> Result<ContainerEdits, CdiError> {
     CdiSpecs::load(dirs)?.resolve(ids)
+}
+
+/// Who applies the CDI devices of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injection {
+    /// The runtime (containerd 2.x): the IDs go into
+    /// `ContainerConfig.CDI_devices`, as kubelet passes them.
+    Runtime,
+    /// The stand-in (containerd 1.6, which ignores `CDI_devices`): the IDs
+    /// are resolved from `dirs` and applied as plain CRI edits.
+    StandIn,
+}
+
+/// Hands the CDI devices `ids` to a container config the way `injection`
+/// says; with [`Injection::StandIn`], answers the edits it applied.
+pub fn pass_devices<P: AsRef<Path>, S: AsRef<str>>(
+    config: &mut cri::ContainerConfig,
+    ids: &[S],
+    dirs: &[P],
+    injection: Injection,
+) -> Result<Option<ContainerEdits>, CdiError> {
+    match injection {
+        Injection::Runtime => {
+            for id in ids {
+                parse_device_id(id.as_ref())?;
+                config.cdi_devices.push(cri::CdiDevice {
+                    name: id.as_ref().to_string(),
+                });
+            }
+            Ok(None)
+        }
+        Injection::StandIn => {
+            let edits = resolve(dirs, ids)?;
+            edits.apply_to(config);
+            Ok(Some(edits))
+        }
+    }
 }

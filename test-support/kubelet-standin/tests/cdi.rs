@@ -11,7 +11,7 @@ use std::path::Path;
 use common::dra::dra_env;
 use serde_json::json;
 use steward_proto::cri::runtime::v1 as cri;
-use steward_testing_kubelet::cdi::{CdiError, CdiSpecs, resolve};
+use steward_testing_kubelet::cdi::{CdiError, CdiSpecs, Injection, pass_devices, resolve};
 use steward_testing_kubelet::{ContainerSpec, PodSpec};
 
 fn write_spec(dir: &Path, file: &str, spec: serde_json::Value) {
@@ -125,6 +125,45 @@ fn spec_files_resolve_to_container_edits() {
     let edits = resolve(&[&static_dir, &dynamic_dir], &["steward.dev/test=d0"]).unwrap();
     assert_eq!(edits.env, ["DEVICE=override"]);
     assert!(edits.device_nodes.is_empty());
+}
+
+#[test]
+fn a_cdi_runtime_gets_the_ids_and_for_one_without_cdi_the_stand_in_applies_them() {
+    let dir = tempfile::tempdir().unwrap();
+    write_spec(dir.path(), "cam.json", camera_spec());
+    let ids = ["steward.dev/test=d0"];
+
+    // containerd 2.x: the IDs reach the runtime, nothing is applied here.
+    let mut config = cri::ContainerConfig::default();
+    let applied = pass_devices(&mut config, &ids, &[dir.path()], Injection::Runtime).unwrap();
+    assert!(applied.is_none());
+    assert_eq!(
+        config.cdi_devices,
+        [cri::CdiDevice {
+            name: ids[0].to_string()
+        }]
+    );
+    assert!(config.envs.is_empty() && config.devices.is_empty() && config.mounts.is_empty());
+    assert!(matches!(
+        pass_devices(&mut config, &["no-kind"], &[dir.path()], Injection::Runtime),
+        Err(CdiError::InvalidId(_))
+    ));
+
+    // containerd 1.6: the stand-in resolves and applies the edits.
+    let mut config = cri::ContainerConfig::default();
+    let applied = pass_devices(&mut config, &ids, &[dir.path()], Injection::StandIn)
+        .unwrap()
+        .unwrap();
+    assert!(config.cdi_devices.is_empty());
+    assert!(applied.env.contains(&"DEVICE=d0".to_string()));
+    assert!(
+        config
+            .envs
+            .iter()
+            .any(|e| e.key == "DEVICE" && e.value == b"d0")
+    );
+    assert_eq!(config.devices[0].container_path, "/dev/video0");
+    assert_eq!(config.mounts[0].container_path, "/cam");
 }
 
 #[test]
