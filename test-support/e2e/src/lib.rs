@@ -1,5 +1,6 @@
 //! End-to-end tests across the stand-ins, containerd and steward
 
+pub mod cdi;
 pub mod chart;
 
 use std::future::Future;

@@ -3,9 +3,12 @@
 //! stand-in's plugin watcher; the stand-in scheduler allocates a
 //! ResourceClaim through steward's DeviceClass; the kubelet stand-in
 //! prepares it over `v1.DRAPlugin` before the pod starts and the container
-//! runs in the real containerd with the CDI device it was handed (the CDI
-//! edits applied the way a CDI-capable runtime does; containerd 1.6 has
-//! no CDI). While prepared, the device plugin refuses the same slot; when
+//! runs in the real containerd with the CDI device it was handed: on
+//! containerd 2.x the stand-in passes it in `ContainerConfig.CDI_devices` and
+//! containerd injects it from the spec steward wrote into its CDI spec
+//! directory; on 1.6 (no CDI) the stand-in applies the spec's edits itself.
+//! The spec's environment, device nodes and mounts are checked from inside
+//! the container on both. While prepared, the device plugin refuses the same slot; when
 //! the pod ends the claim is unprepared and the device is free again.
 //! steward's pod resources show the claim as the container's
 //! `dynamic_resources` while it is prepared.
@@ -28,8 +31,8 @@ use steward_proto::podresources::v1 as wire;
 use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::dra_alloc::allocate_claim;
-use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_pod, exec_sync};
-use steward_testing_kubelet::cdi;
+use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_pod};
+use steward_testing_kubelet::cdi::{self, Injection};
 use steward_testing_kubelet::{
     ContainerSpec as KubeletContainer, Kubelet, KubeletConfig, Phase, PodSpec,
 };
@@ -71,8 +74,9 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
     .await
     .unwrap();
 
-    // The agent: device plugins with CDI, and DRA on the same ledger.
-    let cdi_dir = dir.path().join("cdi");
+    // The agent: device plugins with CDI, and DRA on the same ledger. Its
+    // specs go where the runtime reads them when it injects CDI (2.x).
+    let (cdi_dir, injection) = steward_e2e::cdi::target(&ctd, &dir.path().join("cdi")).await;
     let mut cfg = AgentConfig::new(
         "node-a",
         dir.path().join("agent-state"),
@@ -271,7 +275,16 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
         .into_inner()
         .pod_sandbox_id;
     let mut config = ContainerSpec::new("main").build(&sandbox);
-    edits.apply_to(&mut config);
+    let applied = cdi::pass_devices(&mut config, &ids, &[&cdi_dir], injection)
+        .expect("the CDI device is passed on");
+    assert_eq!(
+        (injection == Injection::Runtime, config.cdi_devices.len()),
+        (
+            applied.is_none(),
+            usize::from(injection == Injection::Runtime)
+        ),
+        "{injection:?}: the runtime gets the ids, or the stand-in applies the edits"
+    );
     let run = async {
         let id = rt
             .create_container(cri::CreateContainerRequest {
@@ -286,20 +299,18 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
             container_id: id.clone(),
         })
         .await?;
-        let env = exec_sync(&mut rt, &id, &["env"])
-            .await
-            .map_err(|e| tonic::Status::internal(e.to_string()))?;
-        Ok::<_, tonic::Status>(env.stdout)
+        Ok::<_, tonic::Status>(id)
     }
     .await;
-    let _ = cleanup_pod(&mut rt, &sandbox_id).await;
-    let env = run.expect("the container ran");
-    for kv in &edits.env {
-        assert!(
-            env.lines().any(|l| l == kv),
-            "{kv} missing from the container's env:\n{env}"
-        );
+    match run {
+        // What the CDI spec says, from inside: env, device nodes, mounts.
+        Ok(id) => steward_e2e::cdi::assert_edits_inside(&mut rt, &id, &edits).await,
+        Err(status) => {
+            let _ = cleanup_pod(&mut rt, &sandbox_id).await;
+            panic!("the container did not run: {status}");
+        }
     }
+    let _ = cleanup_pod(&mut rt, &sandbox_id).await;
 
     // The pod ends: kubelet unprepares the claim, the slot is free again
     // and the device plugin hands it out.
@@ -339,4 +350,8 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
 
     let _ = stop_tx.send(());
     agent.await.unwrap().unwrap();
+    // The runtime's spec directory is shared by the tests attached to it.
+    if injection == Injection::Runtime {
+        let _ = std::fs::remove_file(cdi_dir.join("steward.dev-cams.json"));
+    }
 }

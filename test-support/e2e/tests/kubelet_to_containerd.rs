@@ -4,6 +4,11 @@
 //! into the API server stand-in, and the container is then run in the real
 //! containerd through CRI with what Allocate answered — the environment and
 //! device the plugin handed out are checked from inside the container.
+//! The CDI devices of the answer reach the container too: on containerd 2.x
+//! the stand-in passes them in `ContainerConfig.CDI_devices` and containerd
+//! injects them from its spec directory; on 1.6 (no CDI) the stand-in
+//! applies them itself. The spec's environment, device nodes and mounts are
+//! checked from inside on both.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,10 +20,45 @@ use steward_proto::cri::runtime::v1 as cri;
 use steward_proto::deviceplugin::v1beta1::{ContainerAllocateResponse, DeviceSpec};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_containerd::{ContainerSpec, Containerd, PodNetwork, cleanup_pod, exec_sync};
+use steward_testing_kubelet::cdi::{self, Injection};
 use steward_testing_kubelet::testing::{TestPlugin, TestPluginConfig};
 use steward_testing_kubelet::{ContainerSpec as KubeletContainer, Kubelet, KubeletConfig, PodSpec};
 
 const RESOURCE: &str = "steward.dev/e2e-device";
+/// The CDI kind the test plugin names its devices with.
+const CDI_KIND: &str = "example.com/test";
+/// The spec file this test writes (one name: a rerun replaces it).
+const CDI_SPEC_FILE: &str = "steward-e2e-kubelet-to-containerd.json";
+
+/// A CDI spec for the test plugin's devices: an env entry for the kind and
+/// one per device, a device node backed by `/dev/null`, and a read-only bind
+/// mount of a directory holding a file that names the device.
+fn write_cdi_spec(spec_dir: &std::path::Path, mounts_dir: &std::path::Path, ids: &[&str]) {
+    let devices: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| {
+            let src = mounts_dir.join(id);
+            std::fs::create_dir_all(&src).expect("mount source");
+            std::fs::write(src.join("device"), id).expect("mount source file");
+            serde_json::json!({
+                "name": id,
+                "containerEdits": {
+                    "env": [format!("STEWARD_CDI_DEVICE={id}")],
+                    "deviceNodes": [{"path": format!("/dev/steward-cdi-{id}"), "hostPath": "/dev/null"}],
+                    "mounts": [{"hostPath": src, "containerPath": "/steward-cdi", "options": ["ro", "bind"]}]
+                }
+            })
+        })
+        .collect();
+    let spec = serde_json::json!({
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "containerEdits": {"env": ["STEWARD_CDI_KIND=example.com/test"]},
+        "devices": devices,
+    });
+    std::fs::create_dir_all(spec_dir).expect("CDI spec dir");
+    std::fs::write(spec_dir.join(CDI_SPEC_FILE), spec.to_string()).expect("CDI spec");
+}
 
 fn containerd() -> Arc<Containerd> {
     match Containerd::shared() {
@@ -143,6 +183,22 @@ async fn admitted_pod_runs_in_containerd_with_the_allocated_device() {
     });
     let envs_expected: BTreeMap<String, String> = alloc.envs.clone().into_iter().collect();
 
+    // The answer's CDI devices: the runtime injects them (2.x) or the
+    // stand-in applies them (1.6).
+    let cdi_ids: Vec<String> = alloc.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(
+        cdi_ids,
+        [format!("{CDI_KIND}={}", granted[0])],
+        "the answer names the granted device by CDI"
+    );
+    let (cdi_dir, injection) = steward_e2e::cdi::target(&ctrd, &root.path().join("cdi")).await;
+    write_cdi_spec(
+        &cdi_dir,
+        &root.path().join("cdi-mounts"),
+        &["dev-a", "dev-b"],
+    );
+    let expected = cdi::resolve(&[&cdi_dir], &cdi_ids).expect("the CDI devices resolve");
+
     let (mut rt, _img) = ctrd.client().await.expect("CRI client");
     let sandbox = ctrd.pod_config("e2e-kubelet", PodNetwork::Host);
     let sandbox_id = rt
@@ -154,7 +210,19 @@ async fn admitted_pod_runs_in_containerd_with_the_allocated_device() {
         .expect("RunPodSandbox")
         .into_inner()
         .pod_sandbox_id;
-    let config = apply_allocation(ContainerSpec::new("main").build(&sandbox), &alloc);
+    let mut config = apply_allocation(ContainerSpec::new("main").build(&sandbox), &alloc);
+    let applied = cdi::pass_devices(&mut config, &cdi_ids, &[&cdi_dir], injection)
+        .expect("the CDI devices are passed on");
+    match injection {
+        Injection::Runtime => assert!(
+            applied.is_none() && config.cdi_devices.len() == 1,
+            "the runtime gets the CDI ids and nothing else"
+        ),
+        Injection::StandIn => assert!(
+            config.cdi_devices.is_empty(),
+            "a runtime without CDI gets the edits, not the ids"
+        ),
+    }
     let result = async {
         let id = rt
             .create_container(cri::CreateContainerRequest {
@@ -207,7 +275,18 @@ async fn admitted_pod_runs_in_containerd_with_the_allocated_device() {
         ls.stdout
     );
 
+    // What the CDI spec says, from inside: env, device node, mount.
+    steward_e2e::cdi::assert_edits_inside(&mut rt, &container_id, &expected).await;
+    let marker = exec_sync(&mut rt, &container_id, &["cat", "/steward-cdi/device"])
+        .await
+        .expect("the CDI mount");
+    assert_eq!(
+        marker.stdout, granted[0],
+        "the granted device's directory is mounted"
+    );
+
     cleanup_pod(&mut rt, &sandbox_id).await.expect("cleanup");
+    let _ = std::fs::remove_file(cdi_dir.join(CDI_SPEC_FILE));
 
     // Pod terminated → its device is reusable by the next pod.
     kubelet
