@@ -13,6 +13,7 @@ use steward_core::cpu::{ContainerKey, ContainerRequest};
 use steward_proto::cri::runtime::v1 as cri;
 use tracing::{error, warn};
 
+use super::placement::PodEnd;
 use super::{ControlReport, Event, ResourceManager, State, cgroups_path_from_info};
 use crate::cache::{ContainerState, PodRecord};
 use crate::cgroups::normalize_cgroups_path;
@@ -71,11 +72,10 @@ impl ResourceManager {
         req: cri::StopPodSandboxRequest,
     ) -> Result<cri::StopPodSandboxResponse, ResmgrError> {
         let id = req.pod_sandbox_id.clone();
-        self.relay_then(
-            "StopPodSandbox",
-            FORWARD_TIMEOUT,
+        self.pod_sandbox_ended(
+            id,
+            PodEnd::Stopped,
             self.upstream.runtime().stop_pod_sandbox(req),
-            async |st, _| self.pod_stopped_locked(st, &id).await,
         )
         .await
     }
@@ -86,12 +86,25 @@ impl ResourceManager {
         req: cri::RemovePodSandboxRequest,
     ) -> Result<cri::RemovePodSandboxResponse, ResmgrError> {
         let id = req.pod_sandbox_id.clone();
-        self.relay_then(
-            "RemovePodSandbox",
-            FORWARD_TIMEOUT,
+        self.pod_sandbox_ended(
+            id,
+            PodEnd::Removed,
             self.upstream.runtime().remove_pod_sandbox(req),
-            async |st, _| self.pod_removed_locked(st, &id).await,
         )
+        .await
+    }
+
+    /// The one path of `StopPodSandbox` and `RemovePodSandbox`: relay the
+    /// call, then end pod `id` as the call says under the lock.
+    async fn pod_sandbox_ended<T>(
+        &self,
+        id: String,
+        end: PodEnd,
+        relayed: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, ResmgrError> {
+        self.relay_then(end.call(), FORWARD_TIMEOUT, relayed, async |st, _| {
+            self.pod_ended_locked(st, &id, end).await
+        })
         .await
     }
 

@@ -34,6 +34,26 @@ pub(crate) struct Placed {
     pub(crate) resources: cri::LinuxContainerResources,
 }
 
+/// How a pod sandbox ended (`StopPodSandbox` or `RemovePodSandbox`, or
+/// their NRI events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodEnd {
+    /// Stopped: its containers exited, their resources released.
+    Stopped,
+    /// Removed: the pod and its containers are gone.
+    Removed,
+}
+
+impl PodEnd {
+    /// The CRI call that ends a pod this way.
+    pub(crate) fn call(self) -> &'static str {
+        match self {
+            Self::Stopped => "StopPodSandbox",
+            Self::Removed => "RemovePodSandbox",
+        }
+    }
+}
+
 /// A container of ours re-placed for new resources (the kubelet's update),
 /// not yet recorded (see [`ResourceManager::replace_plan`]).
 pub(crate) struct Replaced {
@@ -256,26 +276,27 @@ impl ResourceManager {
         self.apply_decision(st, &decision, Some(id)).await;
     }
 
-    /// A pod stopped: release its containers.
-    pub(crate) async fn pod_stopped_locked(&self, st: &mut State, id: &str) {
+    /// A pod sandbox ended: its containers are released and kept as exited
+    /// with the pod not ready ([`PodEnd::Stopped`]), or forgotten with it
+    /// ([`PodEnd::Removed`]).
+    pub(crate) async fn pod_ended_locked(&self, st: &mut State, id: &str, end: PodEnd) {
         for cid in containers_of_pod(st, id) {
-            self.release_container(st, &cid).await;
-            if let Some(c) = st.cache.data_mut().containers.get_mut(&cid) {
-                c.state = ContainerState::Exited;
+            match end {
+                PodEnd::Stopped => self.container_stopped_locked(st, &cid).await,
+                PodEnd::Removed => self.container_removed_locked(st, &cid).await,
             }
         }
-        if let Some(p) = st.cache.data_mut().pods.get_mut(id) {
-            p.state = PodState::NotReady;
+        let pods = &mut st.cache.data_mut().pods;
+        match end {
+            PodEnd::Stopped => {
+                if let Some(p) = pods.get_mut(id) {
+                    p.state = PodState::NotReady;
+                }
+            }
+            PodEnd::Removed => {
+                pods.remove(id);
+            }
         }
-    }
-
-    /// A pod was removed: forget it and its containers.
-    pub(crate) async fn pod_removed_locked(&self, st: &mut State, id: &str) {
-        for cid in containers_of_pod(st, id) {
-            self.release_container(st, &cid).await;
-            st.cache.data_mut().containers.remove(&cid);
-        }
-        st.cache.data_mut().pods.remove(id);
     }
 
     /// A container stopped: release its resources.

@@ -9,6 +9,7 @@ use kube::runtime::events::EventType;
 use steward_proto::cri::runtime::v1 as cri;
 use tracing::{info, warn};
 
+use super::placement::PodEnd;
 use super::refusals::is_policy_refusal;
 use super::resync::{ResyncReport, RuntimeListing};
 use super::{POLICY_DECISION_FAILED, ResourceManager, same_cpus};
@@ -198,7 +199,7 @@ impl ResourceManager {
     /// A pod sandbox stopped.
     pub async fn pod_stopped(&self, id: &str) -> Updates {
         let mut st = self.state.lock().await;
-        self.pod_stopped_locked(&mut st, id).await;
+        self.pod_ended_locked(&mut st, id, PodEnd::Stopped).await;
         let updates = self.take_updates_locked(&mut st);
         self.save(&st);
         updates
@@ -207,7 +208,7 @@ impl ResourceManager {
     /// A pod sandbox was removed.
     pub async fn pod_removed(&self, id: &str) -> Updates {
         let mut st = self.state.lock().await;
-        self.pod_removed_locked(&mut st, id).await;
+        self.pod_ended_locked(&mut st, id, PodEnd::Removed).await;
         let updates = self.take_updates_locked(&mut st);
         self.save(&st);
         updates
