@@ -184,9 +184,9 @@ async fn start_cri(dir: &tempfile::TempDir, say: &Narrator) -> anyhow::Result<Cr
         containerd.sock(),
         dir.path().join("resmgr"),
     );
-    pcfg.config_file = Some(config);
-    pcfg.verify_interval = Duration::ZERO;
-    pcfg.pod_resources_socket = Some(cri_view_socket(dir));
+    pcfg.manager.config_file = Some(config);
+    pcfg.manager.verify_interval = Duration::ZERO;
+    pcfg.manager.pod_resources_socket = Some(cri_view_socket(dir));
     let proxy = Proxy::start(pcfg).await.context("starting the CRI proxy")?;
     say.say(format!(
         "steward cri-proxy up in front of containerd (policy static) at {}",

@@ -233,11 +233,11 @@ fn main() {
         ctd.sock(),
         dir.path().join("state"),
     );
-    cfg.verify_interval = Duration::ZERO;
+    cfg.manager.verify_interval = Duration::ZERO;
     cfg.authority_fix = true;
     let mut asis_cfg = cfg.clone();
     asis_cfg.listen = dir.path().join("proxy-asis.sock");
-    asis_cfg.state_dir = dir.path().join("state-asis");
+    asis_cfg.manager.state_dir = dir.path().join("state-asis");
     asis_cfg.authority_fix = false;
     let proxy = proxy_runtime.block_on(Proxy::start(cfg)).unwrap();
     let asis_runtime = tokio::runtime::Builder::new_multi_thread()

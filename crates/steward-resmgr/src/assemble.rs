@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{self, FileConfig, ProxyConfig};
+use crate::config::{self, FileConfig, ManagerConfig};
 use crate::error::ResmgrError;
 use crate::manager::{Event, ResourceManager};
 use crate::{cache, cgroups, cluster_config, node_publisher, relay, reservations};
@@ -63,7 +63,7 @@ fn offer(tx: &watch::Sender<Option<node_publisher::Publication>>, p: node_publis
 /// resource manager (re-synced with the runtime over CRI, or, with `nri`,
 /// restored from the cache until the runtime's Synchronize) and its tasks.
 pub(crate) async fn assemble(
-    cfg: &ProxyConfig,
+    cfg: &ManagerConfig,
     upstream: relay::Upstream,
     nri: bool,
 ) -> Result<Assembled, ResmgrError> {

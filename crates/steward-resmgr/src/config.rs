@@ -1,5 +1,5 @@
-//! Proxy settings (from the command line) and the configuration file
-//! (reloaded when it changes).
+//! Settings of the resource manager and of its two transports (from the
+//! command line), and the configuration file (reloaded when it changes).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,13 +14,12 @@ use crate::cgroups::BlockIoClass;
 use crate::error::ResmgrError;
 use crate::metrics::Metrics;
 
-/// Where and how the proxy runs.
+/// The resource manager itself, whatever its transport: state, policy
+/// configuration (file and cluster), cgroupfs, read-back, pod resources.
+/// The CRI proxy ([`ProxyConfig`]) and the NRI plugin
+/// ([`crate::nri::NriConfig`]) each add where they attach.
 #[derive(Debug, Clone)]
-pub struct ProxyConfig {
-    /// Socket the proxy serves CRI on (the kubelet's `--container-runtime-endpoint`).
-    pub listen: PathBuf,
-    /// The runtime's CRI socket.
-    pub runtime: PathBuf,
+pub struct ManagerConfig {
     /// Directory of the state cache.
     pub state_dir: PathBuf,
     /// Configuration file (YAML or JSON); `None` runs with defaults.
@@ -34,12 +33,8 @@ pub struct ProxyConfig {
     pub cgroup_root: PathBuf,
     /// resctrl mount (normally `/sys/fs/resctrl`).
     pub resctrl_root: PathBuf,
-    /// Deadline of calls the proxy makes to the runtime on its own behalf.
-    pub runtime_timeout: Duration,
     /// How often the configuration file is checked for changes.
     pub config_poll: Duration,
-    /// How often the runtime is probed (and re-synced after it comes back).
-    pub runtime_probe: Duration,
     /// How often applied resources are read back from cgroupfs (0 = never).
     pub verify_interval: Duration,
     /// Metrics sink.
@@ -53,11 +48,51 @@ pub struct ProxyConfig {
     pub pod_resources_socket: Option<PathBuf>,
     /// Metrics of that server.
     pub pod_resources_metrics: steward_podresources::PodResourcesMetrics,
+}
+
+impl ManagerConfig {
+    /// Defaults for a host, the cache in `state_dir`.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            config_file: None,
+            allow_policy_switch: false,
+            sysfs_root: PathBuf::from("/sys"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            resctrl_root: PathBuf::from("/sys/fs/resctrl"),
+            config_poll: Duration::from_secs(2),
+            verify_interval: Duration::from_secs(30),
+            metrics: Metrics::default(),
+            cluster: None,
+            pod_resources_socket: None,
+            pod_resources_metrics: Default::default(),
+        }
+    }
+}
+
+/// Where and how the CRI proxy runs: the resource manager plus the CRI
+/// sockets it serves and relays to.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Socket the proxy serves CRI on (the kubelet's `--container-runtime-endpoint`).
+    pub listen: PathBuf,
+    /// The runtime's CRI socket.
+    pub runtime: PathBuf,
+    /// Deadline of calls the proxy makes to the runtime on its own behalf.
+    pub runtime_timeout: Duration,
+    /// How often the runtime is probed (and re-synced after it comes back).
+    pub runtime_probe: Duration,
     /// Serve the CRI socket through the `:authority` fix, for CRI clients
     /// built on gRPC C-core (Python grpcio, C++), which h2 otherwise resets.
     /// kubelet, crictl and containerd's tools (grpc-go) do not need it.
     pub authority_fix: bool,
+    /// The resource manager.
+    pub manager: ManagerConfig,
 }
+
+/// Deadline of calls the resource manager makes to the runtime on its own
+/// behalf unless configured otherwise.
+pub const RUNTIME_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// Whether the CRI socket is served through the `:authority` fix unless
 /// configured otherwise (BENCHMARKS.md, "`:authority` fix").
@@ -96,7 +131,8 @@ impl ClusterConfig {
 }
 
 impl ProxyConfig {
-    /// Defaults for a host: listens on `listen`, relays to `runtime`.
+    /// Defaults for a host: listens on `listen`, relays to `runtime`, the
+    /// cache in `state_dir`.
     pub fn new(
         listen: impl Into<PathBuf>,
         runtime: impl Into<PathBuf>,
@@ -105,21 +141,10 @@ impl ProxyConfig {
         Self {
             listen: listen.into(),
             runtime: runtime.into(),
-            state_dir: state_dir.into(),
-            config_file: None,
-            allow_policy_switch: false,
-            sysfs_root: PathBuf::from("/sys"),
-            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-            resctrl_root: PathBuf::from("/sys/fs/resctrl"),
-            runtime_timeout: Duration::from_secs(10),
-            config_poll: Duration::from_secs(2),
+            runtime_timeout: RUNTIME_TIMEOUT_DEFAULT,
             runtime_probe: Duration::from_secs(1),
-            verify_interval: Duration::from_secs(30),
-            metrics: Metrics::default(),
-            cluster: None,
-            pod_resources_socket: None,
-            pod_resources_metrics: Default::default(),
             authority_fix: AUTHORITY_FIX_DEFAULT,
+            manager: ManagerConfig::new(state_dir),
         }
     }
 }

@@ -13,7 +13,7 @@
 //! policy; the event pipeline (re-sync, drift, configuration, read-back)
 //! takes the same lock. Relayed calls never wait on it.
 //!
-//! Optionally ([`ProxyConfig::cluster`]) configuration also comes from
+//! Optionally ([`ManagerConfig::cluster`]) configuration also comes from
 //! ConfigMaps ([`cluster_config`]) and the policy and topology are published
 //! on the Node ([`node_publisher`]).
 //!
@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use config::ClusterConfig;
-pub use config::{AUTHORITY_FIX_DEFAULT, FileConfig, ProxyConfig};
+pub use config::{AUTHORITY_FIX_DEFAULT, FileConfig, ManagerConfig, ProxyConfig};
 pub use error::ResmgrError;
 pub use manager::{
     ControlReport, Event, POLICY_DECISION_FAILED, PipelineGuard, ResourceManager, ResyncReport,
@@ -85,7 +85,7 @@ impl Proxy {
     /// with the runtime (when it answers), bind the socket and serve.
     pub async fn start(cfg: ProxyConfig) -> Result<Proxy, ResmgrError> {
         let upstream = relay::Upstream::new(&cfg.runtime, cfg.runtime_timeout)?;
-        let assembled = assemble::assemble(&cfg, upstream.clone(), false).await?;
+        let assembled = assemble::assemble(&cfg.manager, upstream.clone(), false).await?;
         let assemble::Assembled {
             manager,
             stop,
@@ -97,14 +97,14 @@ impl Proxy {
         let router = server::Router {
             upstream: upstream.clone(),
             resmgr: manager.clone(),
-            metrics: cfg.metrics.clone(),
+            metrics: cfg.manager.metrics.clone(),
         };
         let server = tokio::spawn(server::serve(listener, router, stop.clone()));
         tasks.push(tokio::spawn(monitor(
             manager.clone(),
             cfg.runtime_probe,
-            cfg.verify_interval,
-            cfg.metrics.clone(),
+            cfg.manager.verify_interval,
+            cfg.manager.metrics.clone(),
         )));
         Ok(Proxy {
             socket: cfg.listen.clone(),

@@ -26,10 +26,10 @@ async fn start(dir: &Path, config: &str) -> (Proxy, std::path::PathBuf) {
         dir.join("no-runtime.sock"),
         dir.join("state"),
     );
-    cfg.config_file = Some(file.clone());
-    cfg.config_poll = Duration::from_millis(20);
+    cfg.manager.config_file = Some(file.clone());
+    cfg.manager.config_poll = Duration::from_millis(20);
     cfg.runtime_probe = Duration::from_secs(3600);
-    cfg.verify_interval = Duration::ZERO;
+    cfg.manager.verify_interval = Duration::ZERO;
     cfg.runtime_timeout = Duration::from_millis(200);
     (Proxy::start(cfg).await.unwrap(), file)
 }

@@ -550,7 +550,7 @@ async fn configuration_reload_is_live_and_policy_switch_needs_the_flag() {
     let rest = all.difference(&CpuSet::parse(&first).unwrap()).to_string();
     let dir = tempfile::tempdir().unwrap();
     let cfg = proxy_config(ctd.sock(), dir.path(), "policy: { active: static }");
-    let file = cfg.config_file.clone().unwrap();
+    let file = cfg.manager.config_file.clone().unwrap();
     let (proxy, mut rt, _) = start_proxy(cfg).await;
     let s = ctd.pod_config("cfg", PodNetwork::Host);
     let (sid, cid) = run_pod(&mut rt, &s, container(&s, "w", 512, 0, 32 << 20)).await;
@@ -608,8 +608,8 @@ async fn configuration_reload_is_live_and_policy_switch_needs_the_flag() {
         dir2.path(),
         &format!("policy: {{ active: static, config: {{ reserved_cpus: \"{first}\" }} }}"),
     );
-    cfg2.allow_policy_switch = true;
-    let file2 = cfg2.config_file.clone().unwrap();
+    cfg2.manager.allow_policy_switch = true;
+    let file2 = cfg2.manager.config_file.clone().unwrap();
     let (proxy2, mut rt2, _) = start_proxy(cfg2).await;
     let s2 = ctd.pod_config("switch", PodNetwork::Host);
     let (sid2, cid2) = run_pod(&mut rt2, &s2, container(&s2, "w", 512, 0, 32 << 20)).await;
@@ -706,7 +706,7 @@ async fn blockio_classes_apply_and_missing_rdt_is_a_reported_no_op() {
     let mut cfg = proxy_config(ctd.sock(), dir.path(), &config);
     // A resctrl root that does not exist stands for a host without RDT.
     let resctrl = dir.path().join("no-resctrl");
-    cfg.resctrl_root = resctrl.clone();
+    cfg.manager.resctrl_root = resctrl.clone();
     let (proxy, mut rt, _) = start_proxy(cfg).await;
     let mut s = ctd.pod_config("bio", PodNetwork::Host);
     s.annotations

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::{container, cpus_inside, create, eventually, init_tracing, read_cgroup, run_pod};
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
-use steward_resmgr::ProxyConfig;
+use steward_resmgr::ManagerConfig;
 use steward_resmgr::nri::{NriConfig, NriPlugin};
 use steward_testing_containerd as harness;
 
@@ -34,7 +34,7 @@ fn plugin_config(ctrd: &support::Containerd2, dir: &Path) -> NriConfig {
     std::fs::create_dir_all(dir).unwrap();
     let file = dir.join("config.yaml");
     std::fs::write(&file, "policy: { active: static }").unwrap();
-    let mut cfg = ProxyConfig::new(dir.join("unused.sock"), ctrd.nri_sock(), dir.join("state"));
+    let mut cfg = ManagerConfig::new(dir.join("state"));
     cfg.config_file = Some(file);
     cfg.config_poll = Duration::from_millis(100);
     cfg.verify_interval = Duration::ZERO;

@@ -41,7 +41,7 @@ async fn pods_through_the_proxy_show_their_cpus_and_memory_in_list_and_watch() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = proxy_config(ctd.sock(), dir.path(), "policy: { active: static }");
     let socket = dir.path().join("pod-resources.sock");
-    cfg.pod_resources_socket = Some(socket.clone());
+    cfg.manager.pod_resources_socket = Some(socket.clone());
     let (proxy, mut rt, _) = start_proxy(cfg).await;
 
     let channel = steward_proto::uds::endpoint()

@@ -64,7 +64,7 @@ async fn cpus_reserved_for_a_pod_are_refused_to_others_and_given_to_it() {
     let mut cluster = ClusterConfig::new(api.client(), NODE);
     cluster.initial_timeout = Duration::from_secs(1);
     cluster.publish_retry = Duration::from_millis(100);
-    cfg.cluster = Some(cluster);
+    cfg.manager.cluster = Some(cluster);
     let (proxy, mut rt, _) = start_proxy(cfg).await;
 
     let before = published_when(&nodes, "free CPUs", |_| true).await;

@@ -19,6 +19,7 @@ mod cri_proxy;
 mod extender;
 mod metrics;
 mod nri_plugin;
+mod resmgr_args;
 
 #[derive(Debug, Parser)]
 #[command(name = "steward", version, about = "Kubernetes node resource manager")]

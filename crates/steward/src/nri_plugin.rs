@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use steward_resmgr::nri::{NriConfig, NriPlugin};
-use steward_resmgr::{Metrics, ProxyConfig};
+
+use crate::resmgr_args::ManagerArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct NriPluginArgs {
@@ -19,73 +20,16 @@ pub struct NriPluginArgs {
     /// The plugin's name.
     #[arg(long, default_value = "steward")]
     nri_name: String,
-    /// Directory of the resource manager's state cache.
-    #[arg(long, default_value = "/var/lib/steward/resmgr")]
-    state_dir: PathBuf,
-    /// Configuration file (policy, CRI, block I/O, RDT); reloaded when it changes.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Let a changed `policy.active` in the configuration switch the running policy.
-    #[arg(long)]
-    allow_policy_switch: bool,
-    /// sysfs root for topology discovery.
-    #[arg(long, default_value = "/sys")]
-    sysfs_root: PathBuf,
-    /// cgroupfs root.
-    #[arg(long, default_value = "/sys/fs/cgroup")]
-    cgroup_root: PathBuf,
-    /// How often applied cpusets and memory limits are read back from cgroupfs (0s: never).
-    #[arg(long, default_value = "30s", value_parser = crate::agent::parse_duration)]
-    verify_interval: Duration,
-    /// Address of the Prometheus metrics endpoint (`/metrics`), liveness (`/healthz`) and readiness (`/readyz`).
-    #[arg(long)]
-    metrics_address: Option<std::net::SocketAddr>,
-    /// Take configuration from the cluster (ConfigMaps steward-resmgr.node.<node> >
-    /// steward-resmgr.group.<group> > steward-resmgr.default) and publish the policy
-    /// and topology on the Node; needs this node's name.
-    #[arg(long, requires = "node_name")]
-    cluster: bool,
-    /// This node's name (the Kubernetes Node name), with --cluster.
-    #[arg(long, env = "NODE_NAME")]
-    node_name: Option<String>,
-    /// Namespace of the configuration ConfigMaps, with --cluster.
-    #[arg(long, default_value = "kube-system")]
-    config_namespace: String,
-    /// Serve the pod resources API over the CPUs and memory this plugin assigns, on this socket (mode 0660).
-    #[arg(long)]
-    pod_resources_socket: Option<PathBuf>,
+    #[command(flatten)]
+    manager: ManagerArgs,
 }
 
 pub async fn run(args: NriPluginArgs) -> anyhow::Result<()> {
-    // No CRI socket is served or called: these two are placeholders.
-    let mut cfg = ProxyConfig::new(
-        PathBuf::from("/nonexistent"),
-        args.nri_socket.clone(),
-        args.state_dir,
-    );
-    cfg.config_file = args.config;
-    cfg.allow_policy_switch = args.allow_policy_switch;
-    cfg.sysfs_root = args.sysfs_root;
-    cfg.cgroup_root = args.cgroup_root;
-    cfg.verify_interval = args.verify_interval;
-    cfg.pod_resources_socket = args.pod_resources_socket;
-    if let (true, Some(node)) = (args.cluster, args.node_name) {
-        let client = kube::Client::try_default()
-            .await
-            .context("connecting to the Kubernetes API for --cluster")?;
-        let mut cluster = steward_resmgr::ClusterConfig::new(client, node);
-        cluster.namespace = args.config_namespace;
-        cfg.cluster = Some(cluster);
-    }
-    let mut registry = prometheus_client::registry::Registry::default();
-    cfg.metrics = Metrics::register(&mut registry);
-    cfg.pod_resources_metrics.register(&mut registry);
-    let readiness = steward_nodeio::Readiness::new();
-    readiness.not_ready("nri-plugin", "starting: registering with the runtime");
-    if let Some(addr) = args.metrics_address {
-        crate::metrics::serve(addr, registry, readiness.clone()).await?;
-    }
-    let mut nri = NriConfig::new(cfg);
+    let (manager, readiness) = args
+        .manager
+        .start("nri-plugin", "starting: registering with the runtime")
+        .await?;
+    let mut nri = NriConfig::new(manager);
     nri.socket = args.nri_socket;
     nri.index = args.nri_index;
     nri.name = args.nri_name;

@@ -48,9 +48,9 @@ async fn a_device_plugin_slot_and_a_pinned_pod_on_one_watch_stream() {
         ctd.sock(),
         dir.path().join("resmgr"),
     );
-    pcfg.config_file = Some(config_file);
-    pcfg.verify_interval = Duration::ZERO;
-    pcfg.pod_resources_socket = Some(proxy_pr.clone());
+    pcfg.manager.config_file = Some(config_file);
+    pcfg.manager.verify_interval = Duration::ZERO;
+    pcfg.manager.pod_resources_socket = Some(proxy_pr.clone());
     let proxy = Proxy::start(pcfg).await.expect("CRI proxy starts");
 
     // The API server and kubelet stand-ins, and the agent following the proxy.

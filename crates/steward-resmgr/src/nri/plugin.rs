@@ -17,18 +17,17 @@ use tracing::{debug, error, info, warn};
 use super::convert;
 use super::handler::ResmgrHandler;
 use crate::assemble::{Assembled, assemble};
-use crate::config::ProxyConfig;
+use crate::config::{ManagerConfig, RUNTIME_TIMEOUT_DEFAULT};
 use crate::error::ResmgrError;
 use crate::manager::{Event, ResourceManager, Updates};
 use crate::relay;
 
-/// Where the plugin attaches and as what, plus the resource manager's own
-/// configuration (its CRI fields, `listen`, `runtime` and `authority_fix`,
-/// are not used: NRI mode calls nothing over CRI).
+/// Where the plugin attaches and as what, plus the resource manager (NRI
+/// mode serves and calls nothing over CRI).
 #[derive(Debug)]
 pub struct NriConfig {
-    /// The resource manager's configuration.
-    pub resmgr: ProxyConfig,
+    /// The resource manager.
+    pub manager: ManagerConfig,
     /// The runtime's NRI socket.
     pub socket: PathBuf,
     /// Plugin name.
@@ -41,9 +40,9 @@ pub struct NriConfig {
 
 impl NriConfig {
     /// The upstream defaults: `/var/run/nri/nri.sock`, `steward`, `10`.
-    pub fn new(resmgr: ProxyConfig) -> Self {
+    pub fn new(manager: ManagerConfig) -> Self {
         Self {
-            resmgr,
+            manager,
             socket: PathBuf::from("/var/run/nri/nri.sock"),
             name: "steward".into(),
             index: "10".into(),
@@ -89,13 +88,13 @@ impl NriPlugin {
     pub async fn start(cfg: NriConfig) -> Result<Self, ResmgrError> {
         check_index(&cfg.index)?;
         // Never dialled: every update goes over NRI.
-        let upstream = relay::Upstream::new(&cfg.socket, cfg.resmgr.runtime_timeout)?;
+        let upstream = relay::Upstream::new(&cfg.socket, RUNTIME_TIMEOUT_DEFAULT)?;
         let Assembled {
             manager,
             stop,
             mut tasks,
             socket_guards,
-        } = assemble(&cfg.resmgr, upstream, true).await?;
+        } = assemble(&cfg.manager, upstream, true).await?;
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
         manager.send_updates_to(updates_tx.clone());
         let handler = ResmgrHandler::new(manager.clone(), updates_tx);
@@ -110,7 +109,7 @@ impl NriPlugin {
             connected_tx,
             stop.clone(),
         )));
-        let verify = cfg.resmgr.verify_interval;
+        let verify = cfg.manager.verify_interval;
         if !verify.is_zero() {
             let m = manager.clone();
             tasks.push(tokio::spawn(async move {

@@ -37,10 +37,10 @@ pub fn proxy_config(runtime: &Path, dir: &Path, config: &str) -> ProxyConfig {
     let file = dir.join("config.yaml");
     std::fs::write(&file, config).unwrap();
     let mut cfg = ProxyConfig::new(dir.join("proxy.sock"), runtime, dir.join("state"));
-    cfg.config_file = Some(file);
+    cfg.manager.config_file = Some(file);
     cfg.runtime_probe = Duration::from_millis(100);
-    cfg.config_poll = Duration::from_millis(100);
-    cfg.verify_interval = Duration::ZERO;
+    cfg.manager.config_poll = Duration::from_millis(100);
+    cfg.manager.verify_interval = Duration::ZERO;
     cfg.runtime_timeout = Duration::from_secs(10);
     cfg
 }
