@@ -100,7 +100,10 @@ impl Handler for ResmgrHandler {
             Event::StopPodSandbox,
             Event::RemovePodSandbox,
             Event::CreateContainer,
-            Event::StartContainer,
+            // Not StartContainer: the runtime sends it before the task
+            // runs, when an update changes only the stored spec; the
+            // read-back and any repair wait for the running container.
+            Event::PostStartContainer,
             Event::UpdateContainer,
             Event::StopContainer,
             Event::RemoveContainer,
@@ -225,7 +228,7 @@ impl Handler for ResmgrHandler {
             }
             (Event::StopPodSandbox, Some(p), _) => self.manager.pod_stopped(&p.id).await,
             (Event::RemovePodSandbox, Some(p), _) => self.manager.pod_removed(&p.id).await,
-            (Event::StartContainer, _, Some(c)) => {
+            (Event::PostStartContainer, _, Some(c)) => {
                 let cgroup = c
                     .linux
                     .as_ref()
