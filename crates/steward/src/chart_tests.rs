@@ -12,13 +12,18 @@ use serde_json::Value;
 
 use crate::Cli;
 
-/// The value sets CI renders: default, CRI proxy on (cluster configuration),
-/// the reservation controller, CRI proxy with a file configuration, handlers
-/// as their own DaemonSets, no RBAC (bring your own), the agent standalone
-/// (no API server), the smallest agent, and DRA with the controller.
+/// The value sets CI renders: default, the resource manager as an NRI plugin
+/// and as the CRI proxy (cluster configuration), the reservation controller,
+/// the NRI plugin with a file configuration, handlers as their own
+/// DaemonSets, no RBAC (bring your own), the agent standalone (no API
+/// server), the smallest agent, and DRA with the controller.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
-    &["criProxy.enabled=true"],
+    &["resourceManager.enabled=true"],
+    &[
+        "resourceManager.enabled=true",
+        "resourceManager.transport=cri-proxy",
+    ],
     &[
         "controller.enabled=true",
         "controller.reservationTtl=1m30s",
@@ -27,10 +32,10 @@ const VALUE_SETS: &[&[&str]] = &[
         "extender.decisionTimeout=500ms",
     ],
     &[
-        "criProxy.enabled=true",
-        "criProxy.cluster=false",
-        "criProxy.config=policy: { active: static }",
-        "criProxy.allowPolicySwitch=true",
+        "resourceManager.enabled=true",
+        "resourceManager.cluster=false",
+        "resourceManager.config=policy: { active: static }",
+        "resourceManager.allowPolicySwitch=true",
     ],
     &[
         "agent.embeddedHandlers={debug-echo}",
@@ -189,37 +194,45 @@ fn chart_lints_and_renders_under_every_value_set() {
 
 #[test]
 fn chart_options_reach_the_command_lines() {
-    let objects = render(&[
-        "criProxy.enabled=true",
-        "agent.podResources.groupId=472",
-        "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
-    ]);
-    let args_of = |ds: &str| -> Vec<String> {
-        let (_, spec) = pod_specs(&objects)
-            .into_iter()
-            .find(|(n, _)| n == ds)
-            .unwrap_or_else(|| panic!("no DaemonSet {ds}"));
-        strings(&spec["containers"][0]["args"])
-    };
-    let agent = args_of("t-steward-agent");
-    let proxy = args_of("t-steward-cri-proxy");
-    // The agent follows the socket the proxy serves its assignments on.
-    let served = proxy
-        .iter()
-        .find_map(|a| a.strip_prefix("--pod-resources-socket="))
-        .expect("the proxy serves pod resources");
-    assert!(
-        agent.contains(&format!("--cri-pod-resources-socket={served}")),
-        "{agent:?}"
-    );
-    assert!(agent.contains(&"--pod-resources-group=472".to_owned()));
-    for cidr in ["10.0.0.0/8", "fd00::/8"] {
+    for (transport, ds) in [
+        ("nri", "t-steward-nri-plugin"),
+        ("cri-proxy", "t-steward-cri-proxy"),
+    ] {
+        let transport = format!("resourceManager.transport={transport}");
+        let objects = render(&[
+            "resourceManager.enabled=true",
+            &transport,
+            "agent.podResources.groupId=472",
+            "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
+        ]);
+        let args_of = |ds: &str| -> Vec<String> {
+            let (_, spec) = pod_specs(&objects)
+                .into_iter()
+                .find(|(n, _)| n == ds)
+                .unwrap_or_else(|| panic!("no DaemonSet {ds}"));
+            strings(&spec["containers"][0]["args"])
+        };
+        let agent = args_of("t-steward-agent");
+        let resmgr = args_of(ds);
+        // The agent follows the socket the resource manager serves its
+        // assignments on.
+        let served = resmgr
+            .iter()
+            .find_map(|a| a.strip_prefix("--pod-resources-socket="))
+            .expect("the resource manager serves pod resources");
         assert!(
-            agent.contains(&format!("--network-handler-cidr={cidr}")),
+            agent.contains(&format!("--cri-pod-resources-socket={served}")),
             "{agent:?}"
         );
+        assert!(agent.contains(&"--pod-resources-group=472".to_owned()));
+        for cidr in ["10.0.0.0/8", "fd00::/8"] {
+            assert!(
+                agent.contains(&format!("--network-handler-cidr={cidr}")),
+                "{agent:?}"
+            );
+        }
+        assert!(resmgr.contains(&"--cluster".to_owned()), "{resmgr:?}");
     }
-    assert!(proxy.contains(&"--cluster".to_owned()));
     // Without CDI the agent is told so, which it accepts (empty: no CDI).
     let objects = render(&["agent.cdi.enabled=false"]);
     let (_, spec) = pod_specs(&objects)
@@ -227,6 +240,148 @@ fn chart_options_reach_the_command_lines() {
         .find(|(n, _)| n == "t-steward-agent")
         .unwrap();
     assert!(strings(&spec["containers"][0]["args"]).contains(&"--cdi-dir=".to_owned()));
+}
+
+/// The first container's hostPath mounts: (volume, mount path, host path,
+/// hostPath type).
+fn host_mounts(spec: &Value) -> Vec<[String; 4]> {
+    let volumes = spec["volumes"].as_array().unwrap();
+    spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let name = m["name"].as_str().unwrap();
+            let v = volumes.iter().find(|v| v["name"] == name).unwrap();
+            let host = &v["hostPath"];
+            host.is_object().then(|| {
+                [
+                    name.to_owned(),
+                    m["mountPath"].as_str().unwrap().to_owned(),
+                    host["path"].as_str().unwrap().to_owned(),
+                    host["type"].as_str().unwrap_or_default().to_owned(),
+                ]
+            })
+        })
+        .collect()
+}
+
+/// The rules of the resource manager's ClusterRole and Role.
+fn resmgr_rules(objects: &[Value], name: &str) -> Vec<Value> {
+    ["ClusterRole", "Role"]
+        .iter()
+        .map(|kind| {
+            let role = if *kind == "Role" {
+                format!("{name}-config")
+            } else {
+                name.to_owned()
+            };
+            objects
+                .iter()
+                .find(|o| o["kind"] == *kind && o["metadata"]["name"] == role.as_str())
+                .unwrap_or_else(|| panic!("no {kind} {role}"))["rules"]
+                .clone()
+        })
+        .collect()
+}
+
+#[test]
+fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint() {
+    // nri (the default): `steward nri-plugin` on the runtime's NRI socket,
+    // its directory mounted; no CRI socket served for kubelet, none of the
+    // runtime's relayed to, nothing of kubelet's touched.
+    let nri = render(&[
+        "resourceManager.enabled=true",
+        "resourceManager.nri.socket=/run/nri-alt/nri.sock",
+    ]);
+    let pods = pod_specs(&nri);
+    assert!(
+        !pods.iter().any(|(n, _)| n == "t-steward-cri-proxy"),
+        "the CRI proxy rendered for transport nri"
+    );
+    let (_, spec) = pods
+        .iter()
+        .find(|(n, _)| n == "t-steward-nri-plugin")
+        .expect("the NRI plugin DaemonSet");
+    assert_eq!(spec["containers"][0]["name"], "nri-plugin");
+    assert_eq!(spec["serviceAccountName"], "t-steward-nri-plugin");
+    let args = strings(&spec["containers"][0]["args"]);
+    assert_eq!(args[0], "nri-plugin", "{args:?}");
+    for want in [
+        "--nri-socket=/run/nri-alt/nri.sock",
+        "--nri-index=10",
+        "--state-dir=/var/lib/steward/resmgr",
+        "--cgroup-root=/host/sys/fs/cgroup",
+        "--cluster",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    for cri_flag in ["--listen", "--runtime", "--authority-fix"] {
+        assert!(
+            !args.iter().any(|a| a.starts_with(cri_flag)),
+            "{cri_flag} in {args:?}"
+        );
+    }
+    let mounts = host_mounts(spec);
+    let nri_mount = ["nri", "/run/nri-alt", "/run/nri-alt", "DirectoryOrCreate"].map(String::from);
+    assert!(mounts.contains(&nri_mount), "{mounts:?}");
+    for [_, _, host, _] in &mounts {
+        assert!(
+            !["/var/run/steward", "/run/containerd"].contains(&host.as_str())
+                && !host.starts_with("/var/lib/kubelet"),
+            "transport nri mounts {host}: {mounts:?}"
+        );
+    }
+    let text = serde_saphyr::to_string(&nri).unwrap();
+    for absent in ["cri.sock", "containerd.sock", "container-runtime-endpoint"] {
+        assert!(!text.contains(absent), "transport nri renders {absent}");
+    }
+
+    // cri-proxy: `steward cri-proxy` serves kubelet's CRI endpoint and
+    // relays to the runtime's CRI socket, both directories mounted.
+    let proxy = render(&[
+        "resourceManager.enabled=true",
+        "resourceManager.transport=cri-proxy",
+    ]);
+    let pods = pod_specs(&proxy);
+    assert!(!pods.iter().any(|(n, _)| n == "t-steward-nri-plugin"));
+    let (_, spec) = pods
+        .iter()
+        .find(|(n, _)| n == "t-steward-cri-proxy")
+        .expect("the CRI proxy DaemonSet");
+    assert_eq!(spec["serviceAccountName"], "t-steward-cri-proxy");
+    let args = strings(&spec["containers"][0]["args"]);
+    assert_eq!(args[0], "cri-proxy", "{args:?}");
+    for want in [
+        "--listen=/var/run/steward/cri.sock",
+        "--runtime=/run/containerd/containerd.sock",
+        "--state-dir=/var/lib/steward/resmgr",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--nri-")), "{args:?}");
+    let mounts = host_mounts(spec);
+    for want in [
+        [
+            "listen",
+            "/var/run/steward",
+            "/var/run/steward",
+            "DirectoryOrCreate",
+        ],
+        ["runtime", "/run/containerd", "/run/containerd", "Directory"],
+    ] {
+        assert!(
+            mounts.contains(&want.map(String::from)),
+            "{want:?} not in {mounts:?}"
+        );
+    }
+    assert!(!mounts.iter().any(|m| m[0] == "nri"), "{mounts:?}");
+
+    // Either calls the same API: the same rules, under its own name.
+    assert_eq!(
+        resmgr_rules(&nri, "t-steward-nri-plugin"),
+        resmgr_rules(&proxy, "t-steward-cri-proxy")
+    );
 }
 
 #[test]
@@ -301,8 +456,17 @@ fn bad_values_are_refused_with_the_reason() {
         ("agent.bogus=1", "bogus"),
         ("kubeletDir=relative/path", "/kubeletDir"),
         (
-            "criProxy.configNamespace=Not_A_Name",
-            "/criProxy/configNamespace",
+            "resourceManager.configNamespace=Not_A_Name",
+            "/resourceManager/configNamespace",
+        ),
+        (
+            "resourceManager.transport=crio",
+            "/resourceManager/transport",
+        ),
+        ("resourceManager.nri.index=7", "/resourceManager/nri/index"),
+        (
+            "resourceManager.criProxy.runtimeSocket=run/containerd.sock",
+            "/resourceManager/criProxy/runtimeSocket",
         ),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("logFormat=xml", "/logFormat"),
@@ -331,6 +495,16 @@ fn bad_values_are_refused_with_the_reason() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // The resource manager's values before it had a transport are refused
+    // with where they went.
+    let out = run_helm("template", &["criProxy.enabled=true"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("criProxy is now resourceManager: set resourceManager.enabled=true and resourceManager.transport=cri-proxy"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A handler both embedded and run as its own DaemonSet is refused.
     let out = run_helm("template", &["discoveryHandlers.udev.enabled=true"]);
     assert!(!out.status.success());

@@ -13,13 +13,20 @@ use steward_e2e::chart::{NAMESPACE, documents, template};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kubectl::Kubectl;
 
-/// Value sets applied: default, the CRI proxy, the reservation controller
-/// and extender, handlers as their own DaemonSets, no RBAC, the agent
+/// Value sets applied: default, the resource manager as an NRI plugin and
+/// as the CRI proxy, the reservation controller and extender, handlers as their own DaemonSets, no RBAC, the agent
 /// standalone, and DRA (ResourceSlices and the kubelet plugin in the agent,
 /// DeviceClasses in the controller).
 const VALUE_SETS: &[&[&str]] = &[
     &[],
-    &["criProxy.enabled=true", "agent.podResources.groupId=472"],
+    &[
+        "resourceManager.enabled=true",
+        "agent.podResources.groupId=472",
+    ],
+    &[
+        "resourceManager.enabled=true",
+        "resourceManager.transport=cri-proxy",
+    ],
     &["controller.enabled=true", "extender.enabled=true"],
     &[
         "agent.embeddedHandlers={debug-echo}",

@@ -189,19 +189,28 @@ fn a_grant_the_chart_lacks_is_caught() {
     assert!(!grants(&rules_of(&without, &controller_sa), &class_write));
     let with = render(&["controller.enabled=true", "dra.enabled=true"]);
     assert!(grants(&rules_of(&with, &controller_sa), &class_write));
-    // Without criProxy.cluster the proxy gets no ServiceAccount at all.
-    let objects = render(&["criProxy.enabled=true", "criProxy.cluster=false"]);
-    assert!(
-        !objects
-            .iter()
-            .any(|o| kind(o) == "ServiceAccount" && name(o).ends_with("cri-proxy"))
-    );
+    // Without resourceManager.cluster the resource manager gets no
+    // ServiceAccount at all, with either transport.
+    for transport in ["nri", "cri-proxy"] {
+        let transport = format!("resourceManager.transport={transport}");
+        let objects = render(&[
+            "resourceManager.enabled=true",
+            "resourceManager.cluster=false",
+            &transport,
+        ]);
+        assert!(
+            !objects.iter().any(|o| kind(o) == "ServiceAccount"
+                && (name(o).ends_with("cri-proxy") || name(o).ends_with("nri-plugin"))),
+            "{transport}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_calls_only_what_the_chart_grants_it() {
     let objects = render(&[
-        "criProxy.enabled=true",
+        "resourceManager.enabled=true",
+        "resourceManager.transport=cri-proxy",
         "controller.enabled=true",
         "extender.enabled=true",
         "dra.enabled=true",
@@ -234,10 +243,10 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         ctd.sock(),
         dir.path().join("resmgr"),
     );
-    pcfg.verify_interval = Duration::ZERO;
+    pcfg.manager.verify_interval = Duration::ZERO;
     let mut cluster = ClusterConfig::new(api.client_as(&user(&proxy_sa)).unwrap(), "node-a");
     cluster.namespace = "kube-system".into();
-    pcfg.cluster = Some(cluster);
+    pcfg.manager.cluster = Some(cluster);
     let proxy = Proxy::start(pcfg).await.expect("CRI proxy starts");
 
     // A container the policy refuses (64 exclusive CPUs) is refused to the

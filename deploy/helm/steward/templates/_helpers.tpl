@@ -56,7 +56,12 @@ seccompProfile:
 {{ .Values.stateDir }}/registration.sock
 {{- end -}}
 
-{{/* The CRI proxy's pod resources socket, followed by the agent. */}}
+{{/* The resource manager's pod resources socket (either transport), followed by the agent. */}}
 {{- define "steward.criPodResourcesSocket" -}}
 {{ .Values.stateDir }}/resmgr/pod-resources.sock
+{{- end -}}
+
+{{/* The resource manager's component (and object name suffix): its transport's command. */}}
+{{- define "steward.resourceManagerComponent" -}}
+{{ ternary "nri-plugin" "cri-proxy" (eq .Values.resourceManager.transport "nri") }}
 {{- end -}}
