@@ -402,14 +402,3 @@ impl ResourceManager {
         Ok(resp)
     }
 }
-
-/// IDs of the cached containers of pod `pod_id`.
-pub(super) fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
-    st.cache
-        .data()
-        .containers
-        .values()
-        .filter(|c| c.pod_id == pod_id)
-        .map(|c| c.id.clone())
-        .collect()
-}

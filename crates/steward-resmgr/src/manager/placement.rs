@@ -8,7 +8,6 @@ use steward_core::cpu::{ContainerRequest, Decision};
 use steward_proto::cri::runtime::v1 as cri;
 use tracing::debug;
 
-use super::pipeline::containers_of_pod;
 use super::{ResourceManager, State, pod_facts, policy_err};
 use crate::cache::{
     AssignmentRecord, ContainerRecord, ContainerState, PodRecord, PodState, RequestRecord,
@@ -312,4 +311,15 @@ impl ResourceManager {
         self.release_container(st, id).await;
         st.cache.data_mut().containers.remove(id);
     }
+}
+
+/// IDs of the cached containers of pod `pod_id`.
+fn containers_of_pod(st: &State, pod_id: &str) -> Vec<String> {
+    st.cache
+        .data()
+        .containers
+        .values()
+        .filter(|c| c.pod_id == pod_id)
+        .map(|c| c.id.clone())
+        .collect()
 }
