@@ -1,6 +1,8 @@
 //! containerd restarts under a running proxy: calls fail with UNAVAILABLE
 //! while it is down without touching the cache, and once it is back the
 //! proxy re-syncs and keeps managing the containers that survived.
+//! Runs on a private containerd (1.6, or 2.x in the suite's 2.x round),
+//! restarted with `scripts/containerd.sh start` on the same state directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +13,10 @@ use std::time::Duration;
 use common::*;
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
-use steward_testing_containerd::{Containerd, PodNetwork, cleanup_pod, scripts_dir};
+use steward_testing_containerd::{
+    Containerd, Containerd2, PodNetwork, SOCK_ENV, bin_dir_or_skip, cleanup_pod, runtime_version,
+    scripts_dir,
+};
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
@@ -23,13 +28,30 @@ fn alive(pid: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containerd_restart_mid_way() {
     init_tracing();
-    if std::env::var_os(steward_testing_containerd::SOCK_ENV).is_some() {
-        eprintln!("skipping: needs a private containerd it may restart");
-        return;
-    }
-    let ctd = Containerd::start().unwrap();
-    let state_dir = ctd.state_dir().unwrap().to_path_buf();
-    let pid = ctd.pid().unwrap();
+    // A private containerd it may restart, of the version the suite's round
+    // attaches to: 2.x in the round against containerd 2.x, else 1.6.
+    let attached_v2 = match std::env::var_os(SOCK_ENV).filter(|s| !s.is_empty()) {
+        Some(sock) => runtime_version(std::path::Path::new(&sock))
+            .await
+            .unwrap()
+            .major()
+            .is_some_and(|m| m >= 2),
+        None => false,
+    };
+    let (ctd, _private2) = if attached_v2 {
+        let Some(bin) = bin_dir_or_skip("runtime_restart") else {
+            return;
+        };
+        let c2 = Containerd2::start(bin);
+        let ctd = Containerd::attach(c2.sock(), c2.cgroup_parent.clone());
+        (ctd, Some(c2))
+    } else {
+        (Containerd::start().unwrap(), None)
+    };
+    let (state_dir, pid) = match &_private2 {
+        Some(c2) => (c2.dir.path().to_path_buf(), c2.pid),
+        None => (ctd.state_dir().unwrap().to_path_buf(), ctd.pid().unwrap()),
+    };
     let dir = tempfile::tempdir().unwrap();
     let (proxy, mut rt, _) = start_proxy(proxy_config(
         ctd.sock(),
