@@ -9,6 +9,7 @@
 //! injects them from its spec directory; on 1.6 (no CDI) the stand-in
 //! applies them itself. The spec's environment, device nodes and mounts are
 //! checked from inside on both.
+#![allow(clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
