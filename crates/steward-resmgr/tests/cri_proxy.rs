@@ -127,21 +127,48 @@ async fn passthrough_and_unknown_methods_relay_untouched() {
             "{path}: {through:?}"
         );
     }
-    // A streaming rpc this containerd does not serve: same answer through
-    // the proxy as directly.
-    let through = rt
-        .get_container_events(cri::GetEventsRequest::default())
-        .await;
-    let straight = direct
-        .get_container_events(cri::GetEventsRequest::default())
-        .await;
-    match (through, straight) {
-        (Err(a), Err(b)) => {
-            assert_eq!(a.code(), b.code());
-            assert_eq!(a.message(), b.message());
+    // The streaming GetContainerEvents. containerd 1.6 does not serve it:
+    // same answer through the proxy as directly. containerd 2.x does, and
+    // sends its response headers only with the first event (the call does
+    // not return before one), and every subscriber takes events from one
+    // shared queue (events of earlier pods may still wait in it): so the
+    // relayed stream is checked alone, with a pod run to make sure of one.
+    let major = ctd.runtime_version().await.unwrap().major();
+    if major.is_some_and(|m| m >= 2) {
+        let mut through = rt.clone();
+        let events = tokio::spawn(async move {
+            let mut stream = through
+                .get_container_events(cri::GetEventsRequest::default())
+                .await?
+                .into_inner();
+            stream.message().await
+        });
+        let sandbox = ctd.pod_config("events", PodNetwork::Host);
+        let sid = run_sandbox(&mut direct, &sandbox).await;
+        let event = tokio::time::timeout(Duration::from_secs(10), events)
+            .await
+            .expect("an event relayed within 10 s")
+            .unwrap()
+            .expect("the relayed stream")
+            .expect("one event");
+        // The queue may still hold events of earlier pods: any event will do.
+        assert!(!event.container_id.is_empty(), "{event:?}");
+        cleanup_pod(&mut direct, &sid).await.unwrap();
+    } else {
+        let through = rt
+            .get_container_events(cri::GetEventsRequest::default())
+            .await;
+        let straight = direct
+            .get_container_events(cri::GetEventsRequest::default())
+            .await;
+        match (through, straight) {
+            (Err(a), Err(b)) => {
+                assert_eq!(a.code(), b.code());
+                assert_eq!(a.message(), b.message());
+            }
+            (Ok(_), Ok(_)) => {}
+            (a, b) => panic!("proxy and runtime disagree: {:?} vs {:?}", a.err(), b.err()),
         }
-        (Ok(_), Ok(_)) => {}
-        (a, b) => panic!("proxy and runtime disagree: {:?} vs {:?}", a.err(), b.err()),
     }
     proxy.shutdown().await;
 }
