@@ -433,7 +433,7 @@ fn dispatch(
             let r = sh
                 .lock()?
                 .update(&rt, ns_ref.unwrap_or(""), n, obj, sub_kind, &opts)?;
-            sh.gc.notify_one();
+            notify_gc(sh, sub_kind);
             Ok(write_response(r))
         }
         ("patch", Some(n)) => {
@@ -448,7 +448,7 @@ fn dispatch(
                 sub_kind,
                 &opts,
             )?;
-            sh.gc.notify_one();
+            notify_gc(sh, sub_kind);
             Ok(write_response(r))
         }
         ("delete", Some(n)) if sub_kind == Sub::Main => {
@@ -471,6 +471,17 @@ fn dispatch(
             "{method} is not supported on {}",
             uri.path()
         ))),
+    }
+}
+
+/// Wakes the garbage collector after a write that can orphan an object or
+/// finish a deletion. A status write cannot (the status subresource keeps
+/// metadata as it was), and the collector's pass reads every object under
+/// the store's lock: waking it for each status write made a thousand status
+/// writes cost a thousand whole-store scans, slowing every other request.
+fn notify_gc(sh: &Shared, sub: Sub) {
+    if sub == Sub::Main {
+        sh.gc.notify_one();
     }
 }
 

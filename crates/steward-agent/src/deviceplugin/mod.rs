@@ -29,6 +29,7 @@
 
 mod allocate;
 mod cdi;
+mod kubelet_socket;
 mod plugin;
 mod podresources;
 mod serving;
@@ -234,7 +235,13 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         node.clone(),
         serving.clone(),
     ));
+    let (kubelet, kubelet_watch) = kubelet_socket::follow(
+        PluginSite::kubelet_socket_of(&config.plugin_dir),
+        config.poll,
+    );
+    tasks.spawn(kubelet_watch);
     let site = PluginSite {
+        kubelet,
         plugin_dir: config.plugin_dir.clone(),
         poll: config.poll,
         rpc_timeout: config.op_timeout,
@@ -259,7 +266,25 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            Some(ev) = cat_rx.recv() => manager.on_catalog(ev).await,
+            Some(ev) = cat_rx.recv() => {
+                // Events already waiting are taken too: of consecutive
+                // Instance sets only the last counts (each is complete),
+                // so a burst starts its plugins and rewrites each CDI
+                // spec once, not once per Instance.
+                let mut pending = Some(ev);
+                while let Some(ev) = pending.take() {
+                    match (ev, cat_rx.try_recv()) {
+                        (CatalogEvent::Instances(_), Ok(next @ CatalogEvent::Instances(_))) => {
+                            pending = Some(next);
+                        }
+                        (ev, Ok(next)) => {
+                            manager.on_catalog(ev).await;
+                            pending = Some(next);
+                        }
+                        (ev, Err(_)) => manager.on_catalog(ev).await,
+                    }
+                }
+            }
             _ = ticker.tick() => core.tick().await,
         }
     }

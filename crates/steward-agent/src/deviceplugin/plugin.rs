@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use steward_nodeio::backoff::Backoff;
-use steward_nodeio::{AuthorityMode, BindOptions, FileIdentity, SocketGuard, UnixIncoming};
+use steward_nodeio::{AuthorityMode, BindOptions, SocketGuard, UnixIncoming};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -24,6 +24,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
+use super::kubelet_socket::KubeletSocket;
 use super::podresources::connect_unix;
 use super::serving::{Serving, ServingBoard};
 use crate::claims::ClaimStore;
@@ -161,12 +162,18 @@ pub(crate) struct PluginSite {
     pub readiness: steward_nodeio::Readiness,
     /// The same, for the Instances' status.
     pub serving: ServingBoard,
+    /// kubelet's registration socket, as one watcher last saw it.
+    pub kubelet: KubeletSocket,
 }
 
 impl PluginSite {
+    /// Where kubelet's registration socket is.
+    pub(crate) fn kubelet_socket_of(plugin_dir: &std::path::Path) -> PathBuf {
+        plugin_dir.join(steward_proto::deviceplugin::v1beta1::KUBELET_SOCKET)
+    }
+
     fn kubelet_socket(&self) -> PathBuf {
-        self.plugin_dir
-            .join(steward_proto::deviceplugin::v1beta1::KUBELET_SOCKET)
+        Self::kubelet_socket_of(&self.plugin_dir)
     }
 }
 
@@ -324,14 +331,45 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
 ) -> End {
     let mut backoff = Backoff::doubling(site.poll, MAX_REGISTER_BACKOFF);
     let condition = readiness_name(instance);
-    let not_ready = |why: String| {
+    let mut kubelet = site.kubelet.clone();
+    // The Instance's status, and the log, hear only what changed: while
+    // kubelet is away every attempt fails the same way, and a thousand
+    // plugins repeating it would cost the status writer a read of each
+    // Instance, and the log a line, every attempt. Nothing is reported
+    // before the first outcome (until then the status says this node has
+    // no device plugin yet).
+    let mut reported: Option<String> = None;
+    let mut not_ready = |why: String| {
         site.readiness.not_ready(&condition, why.clone());
-        site.serving
-            .report(namespace, instance, Serving::NotRegistered(why));
+        if reported.as_ref() != Some(&why) {
+            tracing::warn!(%instance, resource = %resource_name, error = %why, "registration with kubelet failed; retrying");
+            reported = Some(why.clone());
+            site.serving
+                .report(namespace, instance, Serving::NotRegistered(why));
+        }
     };
-    not_ready("not registered with kubelet yet".to_owned());
+    site.readiness
+        .not_ready(&condition, "not registered with kubelet yet".to_owned());
     let kubelet_id = loop {
-        let before = FileIdentity::of(&site.kubelet_socket());
+        let Some(before) = *kubelet.borrow_and_update() else {
+            not_ready(format!(
+                "registration with kubelet failed: {} is not there (kubelet not running?)",
+                site.kubelet_socket().display()
+            ));
+            // One watcher looks for the socket on behalf of every plugin.
+            tokio::select! {
+                () = stop.cancelled() => return End::Stop,
+                changed = kubelet.changed() => {
+                    if changed.is_err() && wait_or_stop(stop, site.poll).await {
+                        return End::Stop;
+                    }
+                }
+            }
+            if !socket.is_in_place() {
+                return End::Restart("plugin socket removed before registration");
+            }
+            continue;
+        };
         match register(site, endpoint, resource_name).await {
             Ok(()) => {
                 tracing::info!(%instance, resource = %resource_name, "device plugin registered with kubelet");
@@ -344,7 +382,6 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
                 break before;
             }
             Err(e) => {
-                tracing::warn!(%instance, resource = %resource_name, error = %e, "registration with kubelet failed; retrying");
                 not_ready(format!("registration with kubelet failed: {e}"));
                 if wait_or_stop(stop, backoff.next_delay()).await {
                     return End::Stop;
@@ -362,8 +399,8 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
         if !socket.is_in_place() {
             return End::Restart("plugin socket removed (kubelet restarted)");
         }
-        let now = FileIdentity::of(&site.kubelet_socket());
-        if now.is_some() && now != kubelet_id {
+        let now = *kubelet.borrow_and_update();
+        if now.is_some() && now != Some(kubelet_id) {
             return End::Restart("kubelet.sock re-created (kubelet restarted)");
         }
     }

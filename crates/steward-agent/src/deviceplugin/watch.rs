@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
@@ -38,22 +38,26 @@ fn served_on(
     instances: &BTreeMap<(String, String), Instance>,
     node: &str,
 ) -> BTreeMap<String, ServedInstance> {
-    let mut out = BTreeMap::new();
-    for inst in instances.values() {
-        if !inst.spec.nodes.iter().any(|n| n == node) {
-            continue;
-        }
-        match ServedInstance::from_instance(inst, node) {
-            Some(s) => {
-                out.insert(s.name.clone(), s);
-            }
-            None => tracing::warn!(
-                instance = ?inst.metadata.name,
-                "instance name cannot be an extended resource name; not serving it"
-            ),
-        }
+    instances
+        .values()
+        .filter_map(|inst| served_here(inst, node))
+        .map(|s| (s.name.clone(), s))
+        .collect()
+}
+
+/// What this node serves of `inst`: nothing when the node does not see it.
+fn served_here(inst: &Instance, node: &str) -> Option<ServedInstance> {
+    if !inst.spec.nodes.iter().any(|n| n == node) {
+        return None;
     }
-    out
+    let served = ServedInstance::from_instance(inst, node);
+    if served.is_none() {
+        tracing::warn!(
+            instance = ?inst.metadata.name,
+            "instance name cannot be an extended resource name; not serving it"
+        );
+    }
+    served
 }
 
 fn key_of(meta: &kube::api::ObjectMeta) -> Option<(String, String)> {
@@ -200,6 +204,11 @@ fn pods_from_kubelet(
 
 /// Instances of every namespace; sends the set this node serves whenever
 /// it changes, and keeps `directory` current.
+///
+/// Changes already waiting are applied together before the set is sent: a
+/// burst of a thousand new Instances (or of status writes) becomes a few
+/// updates, not a thousand copies of a growing set. Only the Instances a
+/// change names are looked at again; a relist recomputes the whole set.
 pub(crate) async fn watch_instances(
     client: kube::Client,
     node: String,
@@ -208,39 +217,96 @@ pub(crate) async fn watch_instances(
 ) {
     let mut changes = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
     let mut all = Mirror::keyed(|i: &Instance| key_of(&i.metadata), Some);
-    let mut last: Option<BTreeMap<String, ServedInstance>> = None;
-    while let Some(change) = changes.next().await {
-        let delta = match all.apply(change) {
-            Ok(delta) => delta,
-            Err(e) => {
-                tracing::warn!(error = %e, "Instance watch failed; retrying");
-                continue;
-            }
-        };
-        if let Some(dir) = &directory {
-            for inst in delta.applied.iter().filter_map(|k| all.get(k)) {
-                if let Some(r) = InstanceRef::of(inst) {
-                    dir.insert(r);
-                }
-            }
-            // Only a deletion seen as such leaves the directory: an
-            // Instance missing from a relist stays resolvable.
-            if !delta.relisted {
-                for ((namespace, name), _) in &delta.removed {
-                    if dir.get(name).is_some_and(|r| &r.namespace == namespace) {
-                        dir.remove(name);
-                    }
-                }
-            }
+    let mut served: BTreeMap<String, ServedInstance> = BTreeMap::new();
+    let mut sent = false;
+    while let Some(first) = changes.next().await {
+        let mut changed = false;
+        let mut next = Some(first);
+        while let Some(change) = next.take() {
+            changed |=
+                apply_instance_change(&mut all, &mut served, change, &node, directory.as_ref());
+            next = changes.next().now_or_never().flatten();
         }
-        let served = served_on(all.as_map(), &node);
-        if last.as_ref() != Some(&served) {
-            last = Some(served.clone());
-            if tx.send(CatalogEvent::Instances(served)).await.is_err() {
+        if changed || !sent {
+            sent = true;
+            if tx
+                .send(CatalogEvent::Instances(served.clone()))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
     }
+}
+
+type InstanceMirror = Mirror<Instance, Instance, (String, String)>;
+
+/// Folds one change into the mirror and the served set; returns whether
+/// the served set changed.
+fn apply_instance_change(
+    all: &mut InstanceMirror,
+    served: &mut BTreeMap<String, ServedInstance>,
+    change: Change<Instance>,
+    node: &str,
+    directory: Option<&InstanceDirectory>,
+) -> bool {
+    let delta = match all.apply(change) {
+        Ok(delta) => delta,
+        Err(e) => {
+            tracing::warn!(error = %e, "Instance watch failed; retrying");
+            return false;
+        }
+    };
+    if let Some(dir) = directory {
+        for inst in delta.applied.iter().filter_map(|k| all.get(k)) {
+            if let Some(r) = InstanceRef::of(inst) {
+                dir.insert(r);
+            }
+        }
+        // Only a deletion seen as such leaves the directory: an
+        // Instance missing from a relist stays resolvable.
+        if !delta.relisted {
+            for ((namespace, name), _) in &delta.removed {
+                if dir.get(name).is_some_and(|r| &r.namespace == namespace) {
+                    dir.remove(name);
+                }
+            }
+        }
+    }
+    if delta.relisted {
+        let now = served_on(all.as_map(), node);
+        let changed = now != *served;
+        *served = now;
+        return changed;
+    }
+    let mut changed = false;
+    for ((namespace, name), _) in &delta.removed {
+        if served.get(name).is_some_and(|s| &s.namespace == namespace) {
+            served.remove(name);
+            changed = true;
+        }
+    }
+    for key in &delta.applied {
+        let Some(inst) = all.get(key) else { continue };
+        let now = served_here(inst, node);
+        let (namespace, name) = key;
+        match now {
+            Some(s) => {
+                if served.get(name) != Some(&s) {
+                    served.insert(name.clone(), s);
+                    changed = true;
+                }
+            }
+            None => {
+                if served.get(name).is_some_and(|s| &s.namespace == namespace) {
+                    served.remove(name);
+                    changed = true;
+                }
+            }
+        }
+    }
+    changed
 }
 
 /// Configurations of every namespace: their broker properties.
