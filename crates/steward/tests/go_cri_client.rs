@@ -18,58 +18,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/go_cri.rs"]
+mod go_cri;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{Proc, eventually};
+use go_cri::{CALLS, POD_UID_LABEL, Peer, WAIT, cpuset, cpuset_of, field, published};
 use serde_json::Value;
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
-use steward_proto::podresources::v1 as wire;
-use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use steward_testing_containerd::{
-    BUSYBOX_IMAGE, ContainerSpec, Containerd, OWNER_LABEL, POD_NAMESPACE, PodNetwork, SOCK_ENV,
-    cleanup_pod, cri_client, host_cgroup_dir, own_pods, unique_name,
+    ContainerSpec, Containerd, PodNetwork, SOCK_ENV, cleanup_pod, cri_client, own_pods, unique_name,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-/// Longest any one step (a CRI call, a line from the peer, a condition)
-/// may take: generous, the machines are shared.
-const WAIT: Duration = Duration::from_secs(120);
-
-/// The calls the peer makes, in order, each answered with one JSON line.
-const CALLS: &[&str] = &[
-    "Version",
-    "ImageStatus",
-    "RunPodSandbox",
-    "PodSandboxStatus",
-    "ListPodSandbox",
-    "CreateContainer",
-    "StartContainer",
-    "ContainerStatus",
-    "ListContainers",
-    "ExecSync",
-    "Hold",
-    "UpdateContainerResources",
-    "Exec",
-    "Attach",
-    "PortForward",
-    "ContainerStats",
-    "ListContainerStats",
-    "StopContainer",
-    "RemoveContainer",
-    "StopPodSandbox",
-    "RemovePodSandbox",
-    "Done",
-];
-
-/// kubelet's pod uid label.
-const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 
 fn in_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
@@ -89,64 +52,6 @@ fn containerd() -> Option<Arc<Containerd>> {
         Ok(c) => Some(c),
         Err(e) => panic!("cannot reach containerd for the CRI client test: {e}"),
     }
-}
-
-fn cpuset_of(parent: &str, container_id: &str) -> Option<CpuSet> {
-    let file = host_cgroup_dir("cpuset", parent, container_id).join("cpuset.cpus");
-    let text = std::fs::read_to_string(file).ok()?;
-    CpuSet::parse(text.trim()).ok()
-}
-
-fn cpuset(text: &str) -> CpuSet {
-    CpuSet::parse(text).unwrap_or_else(|e| panic!("{text:?} is not a CPU list: {e}"))
-}
-
-/// CPUs the proxy publishes for `namespace/name`'s container `container`.
-async fn published(socket: &Path, name: &str, container: &str) -> anyhow::Result<Option<CpuSet>> {
-    let channel = steward_proto::uds::endpoint()
-        .connect_with_connector(steward_proto::uds::UnixConnector::new(socket))
-        .await?;
-    let pods = PodResourcesListerClient::new(channel)
-        .list(wire::ListPodResourcesRequest {})
-        .await?
-        .into_inner()
-        .pod_resources;
-    Ok(pods
-        .iter()
-        .filter(|p| p.namespace == POD_NAMESPACE && p.name == name)
-        .flat_map(|p| &p.containers)
-        .find(|c| c.name == container)
-        .map(|c| {
-            c.cpu_ids
-                .iter()
-                .filter_map(|id| u32::try_from(*id).ok())
-                .collect()
-        }))
-}
-
-/// The next JSON line of the peer (panics at EOF or after [`WAIT`]).
-async fn next_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    seen: &[Value],
-) -> Option<Value> {
-    let line = tokio::time::timeout(WAIT, lines.next_line())
-        .await
-        .unwrap_or_else(|_| panic!("the peer said nothing for {WAIT:?} after {seen:?}"))
-        .expect("reading the peer's stdout")?;
-    let value: Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line {line:?}: {e}"));
-    assert_eq!(
-        value["ok"],
-        Value::Bool(true),
-        "kubelet's CRI client failed through the proxy: {value} (after {seen:?})"
-    );
-    Some(value)
-}
-
-fn field<'a>(line: &'a Value, key: &str) -> &'a str {
-    line[key]
-        .as_str()
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,28 +151,11 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
     // kubelet's CRI client, through the proxy.
     let name = unique_name("gocri");
     let uid = format!("uid-{name}");
-    let mut child = tokio::process::Command::new(&peer)
-        .arg("-endpoint")
-        .arg(format!("unix://{}", cri_sock.display()))
-        .args(["-image", BUSYBOX_IMAGE])
-        .args(["-cgroup-root", ctd.cgroup_parent()])
-        .args(["-namespace", POD_NAMESPACE])
-        .args(["-name", &name, "-uid", &uid, "-container", "main"])
-        .args(["-cpus", "1", "-hold"])
-        .arg("-labels")
-        .arg(format!("{OWNER_LABEL}={}", std::process::id()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", peer.display()));
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut peer = Peer::spawn(&peer, &cri_sock, ctd.cgroup_parent(), &name, &uid);
     let mut seen: Vec<Value> = Vec::new();
     let mut exclusive: Option<CpuSet> = None;
     let mut parent = String::new();
-    while let Some(line) = next_line(&mut lines, &seen).await {
+    while let Some(line) = peer.next_line(&seen).await {
         match field(&line, "call") {
             "RunPodSandbox" => parent = field(&line, "cgroup_parent").to_owned(),
             "ExecSync" => {
@@ -314,8 +202,7 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
                 })
                 .await
                 .unwrap();
-                stdin.write_all(b"go on\n").await.unwrap();
-                stdin.flush().await.unwrap();
+                peer.go_on().await;
             }
             "UpdateContainerResources" => assert_eq!(
                 Some(cpuset(field(&line, "cpus_allowed_list"))),
@@ -330,11 +217,7 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
         }
         seen.push(line);
     }
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .expect("the peer exits")
-        .unwrap();
-    assert!(status.success(), "the peer exited {status} after {seen:?}");
+    peer.exited_ok(&seen).await;
     let calls: Vec<&str> = seen.iter().map(|l| field(l, "call")).collect();
     assert_eq!(calls, CALLS, "{seen:?}");
     eprintln!(
