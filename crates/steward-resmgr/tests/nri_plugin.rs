@@ -7,7 +7,8 @@
 //! are kept across a plugin dropped without shutdown (as kill -9: no
 //! goodbye, the cache as last saved) and a containerd restart; a container
 //! created while the plugin answered too late (fail-open) is found at the
-//! next Synchronize and re-pinned.
+//! next Synchronize and re-pinned, and the Warning Event
+//! `ExclusiveCpusRepinned` on its Pod reaches the API server stand-in.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,11 +20,20 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{container, cpus_inside, create, eventually, init_tracing, read_cgroup, run_pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::PostParams;
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
-use steward_resmgr::ManagerConfig;
 use steward_resmgr::nri::{NriConfig, NriPlugin};
+use steward_resmgr::{ClusterConfig, ManagerConfig};
+use steward_testing_apiserver::ApiServer;
 use steward_testing_containerd as harness;
+
+/// The Node the plugin runs on in cluster mode.
+const NODE: &str = "n1";
 
 fn online() -> CpuSet {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
@@ -46,9 +56,50 @@ fn plugin_config(ctrd: &support::Containerd2, dir: &Path) -> NriConfig {
 }
 
 async fn start_plugin(ctrd: &support::Containerd2, dir: &Path, n: u64) -> NriPlugin {
-    let plugin = NriPlugin::start(plugin_config(ctrd, dir))
+    start(ctrd, plugin_config(ctrd, dir), n).await
+}
+
+/// The API server stand-in with steward's CRDs, the Node [`NODE`] and the
+/// test pods' namespace (Events on a Pod go there).
+async fn cluster() -> ApiServer {
+    let api = ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let node: Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NODE}})).unwrap();
+    Api::<Node>::all(api.client())
+        .create(&PostParams::default(), &node)
         .await
-        .expect("plugin starts");
+        .unwrap();
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": harness::POD_NAMESPACE}}))
+            .unwrap();
+    Api::<Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    api
+}
+
+/// A plugin in cluster mode on `api` (Events on Pods, the Node published).
+async fn start_plugin_in(
+    ctrd: &support::Containerd2,
+    dir: &Path,
+    n: u64,
+    api: &ApiServer,
+) -> NriPlugin {
+    let mut cfg = plugin_config(ctrd, dir);
+    let mut cluster = ClusterConfig::new(api.client(), NODE);
+    cluster.initial_timeout = Duration::from_secs(1);
+    cluster.publish_retry = Duration::from_millis(100);
+    cfg.manager.cluster = Some(cluster);
+    start(ctrd, cfg, n).await
+}
+
+async fn start(ctrd: &support::Containerd2, cfg: NriConfig, n: u64) -> NriPlugin {
+    let plugin = NriPlugin::start(cfg).await.expect("plugin starts");
     assert!(
         plugin.registered(n, Duration::from_secs(20)).await,
         "the plugin did not register:\n{}",
@@ -204,9 +255,11 @@ async fn assignments_survive_a_plugin_kill_a_runtime_restart_and_fail_open() {
     assert_ne!(excl, rest);
 
     // The plugin dies without a goodbye (as kill -9): a new one on the same
-    // cache is synchronised and keeps every assignment.
+    // cache (in cluster mode, for the Event below) is synchronised and keeps
+    // every assignment.
     drop(plugin);
-    let plugin = start_plugin(&ctrd, dir.path(), 1).await;
+    let api = cluster().await;
+    let plugin = start_plugin_in(&ctrd, dir.path(), 1, &api).await;
     let after = plugin.manager().snapshot().await;
     for id in [&a, &b] {
         assert_eq!(
@@ -272,6 +325,49 @@ async fn assignments_survive_a_plugin_kill_a_runtime_restart_and_fail_open() {
     })
     .await;
     assert!(plugin.fail_open_repinned() >= 1, "found as fail-open");
+    // ... and said so on the Pod, where the operator looks first.
+    let pod = sc.metadata.clone().unwrap();
+    let events: Api<Event> = Api::namespaced(api.client(), &pod.namespace);
+    let found = |items: Vec<Event>| {
+        items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ExclusiveCpusRepinned")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod.name.as_str())
+        })
+    };
+    eventually(
+        30,
+        "the ExclusiveCpusRepinned Event in the API server",
+        || {
+            let events = events.clone();
+            let found = &found;
+            async move {
+                events
+                    .list(&Default::default())
+                    .await
+                    .is_ok_and(|l| found(l.items).is_some())
+            }
+        },
+    )
+    .await;
+    let ev = found(events.list(&Default::default()).await.unwrap().items).unwrap();
+    let regarding = ev.regarding.clone().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Pod"), "{ev:?}");
+    assert_eq!(regarding.uid.as_deref(), Some(pod.uid.as_str()), "{ev:?}");
+    assert_eq!(ev.type_.as_deref(), Some("Warning"), "{ev:?}");
+    assert_eq!(
+        ev.reporting_controller.as_deref(),
+        Some("steward-nri-plugin"),
+        "{ev:?}"
+    );
+    let note = ev.note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&asg.cpus) && note.contains("re-pinned"),
+        "{note}"
+    );
+    eprintln!(
+        "Event ExclusiveCpusRepinned on {}/{}: {note}",
+        pod.namespace, pod.name
+    );
     let rest_now = online()
         .difference(&CpuSet::parse(&want).unwrap())
         .to_string();
