@@ -361,7 +361,7 @@ async fn assignments_survive_a_plugin_kill_a_runtime_restart_and_fail_open() {
     );
     let note = ev.note.clone().unwrap_or_default();
     assert!(
-        note.contains(&asg.cpus) && note.contains("re-pinned"),
+        note.contains(&asg.cpus) && note.contains("re-pinned") && !note.contains("CPUs  "),
         "{note}"
     );
     eprintln!(

@@ -266,10 +266,12 @@ impl ResourceManager {
                     "ExclusiveCpusRepinned",
                     "Synchronize",
                     format!(
-                        "container {:?} ran on CPUs {} instead of its exclusive CPUs {} \
+                        "container {:?} ran on {} instead of its exclusive CPUs {} \
                          (created while the resource manager's NRI plugin was not connected \
                          or answered too late); re-pinned",
-                        c.name, f.runtime_cpus, f.assigned_cpus
+                        c.name,
+                        ran_on(&f.runtime_cpus),
+                        f.assigned_cpus
                     ),
                 );
             }
@@ -282,5 +284,15 @@ impl ResourceManager {
             fail_open,
             updates,
         })
+    }
+}
+
+/// The CPUs a container ran on, as an Event says it: a container the
+/// runtime created unadjusted has no cpuset of its own (every CPU).
+fn ran_on(runtime_cpus: &str) -> String {
+    if runtime_cpus.trim().is_empty() {
+        "every CPU (no cpuset)".to_owned()
+    } else {
+        format!("CPUs {runtime_cpus}")
     }
 }
