@@ -1,12 +1,13 @@
 //! kubelet's registration socket (`kubelet.sock` in the plugin directory),
 //! watched once for every plugin of the node.
 //!
-//! Each plugin needs to know two things about it: whether it is there (no
-//! use dialling a kubelet that is not running), and whether it was
-//! re-created (kubelet restarted: register again). One task looks every
-//! `poll` and publishes what it sees, so a node with a thousand Instances
-//! makes one `stat` per poll instead of a thousand dials while kubelet is
-//! away.
+//! While kubelet is away there is no use dialling it: a plugin whose own
+//! `stat` finds no socket waits on this watch instead of retrying, and one
+//! task looks every `poll`, so a node with a thousand Instances makes one
+//! `stat` per poll instead of a thousand dials. Whether kubelet restarted is
+//! still decided by each plugin's own fresh `stat` (this watch may be one
+//! poll behind, and a restart counted twice would take a plugin away from
+//! kubelet for a moment).
 
 use std::path::PathBuf;
 use std::time::Duration;

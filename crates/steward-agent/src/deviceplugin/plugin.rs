@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use steward_nodeio::backoff::Backoff;
-use steward_nodeio::{AuthorityMode, BindOptions, SocketGuard, UnixIncoming};
+use steward_nodeio::{AuthorityMode, BindOptions, FileIdentity, SocketGuard, UnixIncoming};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -351,7 +351,14 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
     site.readiness
         .not_ready(&condition, "not registered with kubelet yet".to_owned());
     let kubelet_id = loop {
-        let Some(before) = *kubelet.borrow_and_update() else {
+        // The watcher may be one poll behind: a fresh stat decides, the
+        // watcher only wakes a plugin that waits for the socket. The
+        // identity kept is the one seen just before registering, so a
+        // kubelet restart is never counted twice (a second re-registration
+        // would take the plugin away from kubelet for a moment).
+        kubelet.borrow_and_update();
+        let before = FileIdentity::of(&site.kubelet_socket());
+        if before.is_none() {
             not_ready(format!(
                 "registration with kubelet failed: {} is not there (kubelet not running?)",
                 site.kubelet_socket().display()
@@ -369,7 +376,7 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
                 return End::Restart("plugin socket removed before registration");
             }
             continue;
-        };
+        }
         match register(site, endpoint, resource_name).await {
             Ok(()) => {
                 tracing::info!(%instance, resource = %resource_name, "device plugin registered with kubelet");
@@ -399,8 +406,8 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
         if !socket.is_in_place() {
             return End::Restart("plugin socket removed (kubelet restarted)");
         }
-        let now = *kubelet.borrow_and_update();
-        if now.is_some() && now != Some(kubelet_id) {
+        let now = FileIdentity::of(&site.kubelet_socket());
+        if now.is_some() && now != kubelet_id {
             return End::Restart("kubelet.sock re-created (kubelet restarted)");
         }
     }

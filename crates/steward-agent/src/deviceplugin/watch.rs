@@ -280,30 +280,30 @@ fn apply_instance_change(
         *served = now;
         return changed;
     }
+    // The served set is keyed by name alone, as kubelet's resource names
+    // are: for each name a change touched, the entry is what a full
+    // recompute (`served_on`) would give — the last Instance of that name,
+    // in (namespace, name) order, that this node serves.
+    let touched: BTreeSet<&String> = delta
+        .removed
+        .iter()
+        .map(|((_, name), _)| name)
+        .chain(delta.applied.iter().map(|(_, name)| name))
+        .collect();
     let mut changed = false;
-    for ((namespace, name), _) in &delta.removed {
-        if served.get(name).is_some_and(|s| &s.namespace == namespace) {
-            served.remove(name);
+    for name in touched {
+        let now = all
+            .as_map()
+            .iter()
+            .rev()
+            .filter(|((_, n), _)| n == name)
+            .find_map(|(_, inst)| served_here(inst, node));
+        if served.get(name) != now.as_ref() {
+            match now {
+                Some(s) => served.insert(name.clone(), s),
+                None => served.remove(name),
+            };
             changed = true;
-        }
-    }
-    for key in &delta.applied {
-        let Some(inst) = all.get(key) else { continue };
-        let now = served_here(inst, node);
-        let (namespace, name) = key;
-        match now {
-            Some(s) => {
-                if served.get(name) != Some(&s) {
-                    served.insert(name.clone(), s);
-                    changed = true;
-                }
-            }
-            None => {
-                if served.get(name).is_some_and(|s| &s.namespace == namespace) {
-                    served.remove(name);
-                    changed = true;
-                }
-            }
         }
     }
     changed
@@ -490,3 +490,6 @@ pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
         core.reservations_listed(&reserved).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -492,18 +492,20 @@ impl ResourceManager {
         let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
         let (request, decision) = match st.policy.allocate(&request) {
             Ok(d) => (request, d),
-            // It runs already: created while the NRI plugin was away
-            // (fail-open), it can no longer be refused. What it asks does
-            // not fit (no exclusive CPU free): it is confined to the shared
-            // pool rather than left on every CPU, over CPUs others hold
+            // It runs already: created while steward did not decide for
+            // it (the NRI plugin away, fail-open; or the CRI proxy's cache
+            // lost), it can no longer be refused. What it asks does not
+            // fit (the error says why): it is confined to the shared pool
+            // rather than left on every CPU, over CPUs others hold
             // exclusively.
             Err(e) if request.qos == steward_core::cpu::Qos::Guaranteed => {
                 let mut shared = request.clone();
                 shared.qos = steward_core::cpu::Qos::Burstable;
                 let d = st.policy.allocate(&shared).map_err(policy_err)?;
                 warn!(container_id = %c.id, error = %e,
-                    "a running container cannot have the CPUs it asks (created while the NRI plugin \
-                     was away, none free now): confined to the shared pool");
+                    "a running container cannot have the CPUs it asks; confined to the shared pool \
+                     (it was created while steward did not decide for it: the NRI plugin away, or the \
+                     CRI proxy's cache lost)");
                 self.metrics.drift("adopted-shared");
                 (shared, d)
             }
