@@ -31,7 +31,7 @@ use serde_json::Value;
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
 use steward_testing_containerd::{
-    ContainerSpec, Containerd, PodNetwork, SOCK_ENV, cleanup_pod, cri_client, own_pods, unique_name,
+    Containerd, PodNetwork, SOCK_ENV, cleanup_pod, cri_client, own_pods, unique_name,
 };
 
 fn in_ci() -> bool {
@@ -98,39 +98,14 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_through_the_proxy() {
     let (mut direct, _) = ctd.client().await.unwrap();
 
     // A shared (Burstable, half a CPU) container, through the proxy.
-    let shared_sb = ctd.pod_config("gocri-shared", PodNetwork::Host);
-    let shared_name = shared_sb.metadata.clone().unwrap().name;
-    let shared_parent = shared_sb.linux.clone().unwrap().cgroup_parent;
-    let mut shared_cfg = ContainerSpec::new("shared")
-        .memory_limit(64 << 20)
-        .build(&shared_sb);
-    if let Some(res) = shared_cfg.linux.as_mut().and_then(|l| l.resources.as_mut()) {
-        res.cpu_shares = 512;
-    }
-    let shared_sid = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(shared_sb.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("RunPodSandbox (shared)")
-        .into_inner()
-        .pod_sandbox_id;
-    let shared_cid = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: shared_sid.clone(),
-            config: Some(shared_cfg),
-            sandbox_config: Some(shared_sb.clone()),
-        })
-        .await
-        .expect("CreateContainer (shared)")
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: shared_cid.clone(),
-    })
-    .await
-    .expect("StartContainer (shared)");
+    let shared =
+        go_cri::start_shared(&mut rt, ctd.pod_config("gocri-shared", PodNetwork::Host)).await;
+    let (shared_name, shared_parent, shared_sid, shared_cid) = (
+        shared.name,
+        shared.parent,
+        shared.sandbox_id,
+        shared.container_id,
+    );
     let pool = cpuset_of(&shared_parent, &shared_cid).expect("the shared container's cpuset");
     assert!(
         pool.len() >= 2,

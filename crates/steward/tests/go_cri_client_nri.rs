@@ -37,8 +37,8 @@ use serde_json::Value;
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
 use steward_testing_containerd::{
-    ContainerSpec, Containerd2, PodNetwork, bin_dir_or_skip, cleanup_pod, cri_client, exec_sync,
-    own_pods, pod_sandbox_config, unique_name,
+    Containerd2, PodNetwork, bin_dir_or_skip, cleanup_pod, cri_client, exec_sync, own_pods,
+    pod_sandbox_config, unique_name,
 };
 
 type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
@@ -162,39 +162,17 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_on_containerd_2_with_the_nri_
     let (mut rt, _) = cri_client(ctrd.sock()).await.unwrap();
 
     // A shared (Burstable, half a CPU) container, straight on containerd.
-    let shared_sb = pod_sandbox_config(&ctrd.cgroup_parent, "gocri-nri-shared", PodNetwork::Host);
-    let shared_name = shared_sb.metadata.clone().unwrap().name;
-    let shared_parent = shared_sb.linux.clone().unwrap().cgroup_parent;
-    let mut shared_cfg = ContainerSpec::new("shared")
-        .memory_limit(64 << 20)
-        .build(&shared_sb);
-    if let Some(res) = shared_cfg.linux.as_mut().and_then(|l| l.resources.as_mut()) {
-        res.cpu_shares = 512;
-    }
-    let shared_sid = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(shared_sb.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("RunPodSandbox (shared)")
-        .into_inner()
-        .pod_sandbox_id;
-    let shared_cid = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: shared_sid.clone(),
-            config: Some(shared_cfg),
-            sandbox_config: Some(shared_sb.clone()),
-        })
-        .await
-        .expect("CreateContainer (shared)")
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: shared_cid.clone(),
-    })
-    .await
-    .expect("StartContainer (shared)");
+    let shared = go_cri::start_shared(
+        &mut rt,
+        pod_sandbox_config(&ctrd.cgroup_parent, "gocri-nri-shared", PodNetwork::Host),
+    )
+    .await;
+    let (shared_name, shared_parent, shared_sid, shared_cid) = (
+        shared.name,
+        shared.parent,
+        shared.sandbox_id,
+        shared.container_id,
+    );
     let pool = cpuset_of(&shared_parent, &shared_cid).expect("the shared container's cpuset");
     assert!(
         pool.len() >= 2,

@@ -15,11 +15,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 use steward_core::cpu::CpuSet;
+use steward_proto::cri::runtime::v1 as cri;
+use steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient;
 use steward_proto::podresources::v1 as wire;
 use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use steward_testing_containerd::{BUSYBOX_IMAGE, OWNER_LABEL, POD_NAMESPACE, host_cgroup_dir};
+use steward_testing_containerd::{
+    BUSYBOX_IMAGE, ContainerSpec, OWNER_LABEL, POD_NAMESPACE, host_cgroup_dir,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
+use tonic::transport::Channel;
 
 /// Longest any one step (a CRI call, a line from the peer, a condition)
 /// may take: generous, the machines are shared.
@@ -184,4 +189,58 @@ pub fn field<'a>(line: &'a Value, key: &str) -> &'a str {
     line[key]
         .as_str()
         .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// A running Burstable container (half a CPU) in a pod of its own: the
+/// shared pool an exclusive container's CPU is taken from.
+pub struct Shared {
+    pub name: String,
+    pub parent: String,
+    pub sandbox_id: String,
+    pub container_id: String,
+}
+
+/// Runs [`Shared`] in the pod `sb`, through `rt`.
+pub async fn start_shared(
+    rt: &mut RuntimeServiceClient<Channel>,
+    sb: cri::PodSandboxConfig,
+) -> Shared {
+    let name = sb.metadata.clone().unwrap().name;
+    let parent = sb.linux.clone().unwrap().cgroup_parent;
+    let mut cfg = ContainerSpec::new("shared")
+        .memory_limit(64 << 20)
+        .build(&sb);
+    if let Some(res) = cfg.linux.as_mut().and_then(|l| l.resources.as_mut()) {
+        res.cpu_shares = 512;
+    }
+    let sandbox_id = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox (shared)")
+        .into_inner()
+        .pod_sandbox_id;
+    let container_id = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(cfg),
+            sandbox_config: Some(sb),
+        })
+        .await
+        .expect("CreateContainer (shared)")
+        .into_inner()
+        .container_id;
+    rt.start_container(cri::StartContainerRequest {
+        container_id: container_id.clone(),
+    })
+    .await
+    .expect("StartContainer (shared)");
+    Shared {
+        name,
+        parent,
+        sandbox_id,
+        container_id,
+    }
 }
