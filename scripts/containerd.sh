@@ -61,7 +61,9 @@ init_paths() {
     NRI_SOCK=$STATE_DIR/nri.sock
     CDI_DIR=$STATE_DIR/cdi
     # The containerd 2.x this instance runs (empty: the machine's own); kept
-    # in the state directory so `stop` knows the layout `start` chose.
+    # in the state directory from `start` to `stop` (which removes it) so
+    # `stop`, and a `start` again without BIN_DIR, know the layout `start`
+    # chose.
     BIN_FILE=$STATE_DIR/bin-dir
     BIN_DIR=${2:-}
     if [ -z "$BIN_DIR" ] && [ -f "$BIN_FILE" ]; then BIN_DIR=$(cat "$BIN_FILE"); fi
@@ -423,6 +425,11 @@ cmd_stop() {
     # A 2.x instance's private /run (shim sockets, runc state): nothing is
     # mounted on it outside its namespace, which is gone with its processes.
     if [ -n "$BIN_DIR" ] && [ -d "$RUN_DIR" ]; then rm -rf "$RUN_DIR"; fi
+    # Last: everything above needed the layout it records. A later `start`
+    # of this directory without BIN_DIR then runs the machine's containerd,
+    # not the 2.x an earlier start chose. (A restart, `start` again before
+    # any `stop`, still finds it.)
+    rm -f "$BIN_FILE"
     log "stopped"
 }
 
