@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::ledger_picture::{LedgerPicture, Write};
+use crate::metrics::ControllerMetrics;
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -39,6 +40,9 @@ pub struct ControllerConfig {
     /// ([`crate::deviceclass`]); off by default, for clusters without that
     /// API.
     pub device_classes: bool,
+    /// Where leadership and the Reservations by phase are reported
+    /// (unregistered by default).
+    pub metrics: ControllerMetrics,
 }
 
 impl ControllerConfig {
@@ -50,6 +54,7 @@ impl ControllerConfig {
             ttl: Duration::from_secs(120),
             resync: Duration::from_secs(1),
             device_classes: false,
+            metrics: ControllerMetrics::default(),
         }
     }
 }
@@ -93,13 +98,21 @@ pub async fn run(
             device_classes = cfg.device_classes,
             "leading: deciding reservations"
         );
-        tokio::select! {
-            () = decide(client.clone(), &cfg, events.clone()) => {}
-            () = device_classes(client.clone(), cfg.device_classes) => {}
+        cfg.metrics.leading.set(1);
+        let ended = tokio::select! {
+            () = decide(client.clone(), &cfg, events.clone()) => false,
+            () = device_classes(client.clone(), cfg.device_classes) => false,
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
+                false
             }
-            () = stop.cancelled() => break,
+            () = stop.cancelled() => true,
+        };
+        // A standby reports nothing it does not decide.
+        cfg.metrics.leading.set(0);
+        cfg.metrics.set_phases(&[], None);
+        if ended {
+            break;
         }
     }
     drop(events);
@@ -146,6 +159,10 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
         // one rebuild.
         while let Some(Some(c)) = reservations.next().now_or_never() {
             picture.reservations(c);
+        }
+        if picture.ready() {
+            let (counts, oldest) = picture.phases(now());
+            cfg.metrics.set_phases(&counts, oldest);
         }
         for w in picture.reconcile(ttl_ms, now()) {
             // A written decision counts at once: the next rebuild must not

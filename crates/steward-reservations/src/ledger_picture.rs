@@ -305,6 +305,31 @@ impl LedgerPicture {
         writes
     }
 
+    /// Reservations by phase (no status, or a phase not known, counts as
+    /// `Requested`) and the age at `now` of the oldest `Requested` one, in
+    /// milliseconds from its creation; for the controller's metrics.
+    pub fn phases(&self, now: Millis) -> (Vec<(&'static str, usize)>, Option<u64>) {
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut oldest: Option<u64> = None;
+        for r in self.reservations.values() {
+            let phase = match r.status.as_ref().map(|s| s.phase.as_str()) {
+                Some("Reserved") => "Reserved",
+                Some("Rejected") => "Rejected",
+                Some("Canceled") => "Canceled",
+                _ => "Requested",
+            };
+            *counts.entry(phase).or_default() += 1;
+            if phase == "Requested"
+                && let Some(created) = r.metadata.creation_timestamp.as_ref()
+            {
+                let created = u64::try_from(created.0.as_millisecond()).unwrap_or(0);
+                let age = now.0.saturating_sub(created);
+                oldest = Some(oldest.map_or(age, |o| o.max(age)));
+            }
+        }
+        (counts.into_iter().collect(), oldest)
+    }
+
     /// The status of a Reservation the ledger refused (no slot asked, no
     /// candidate): Rejected with the reason, so it is not left Requested.
     fn invalid(&self, r: &Reservation, generation: Option<i64>) -> Option<ReservationStatus> {

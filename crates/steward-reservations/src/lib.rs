@@ -10,6 +10,8 @@
 //! * [`deviceclass`]: with `--dra-device-classes`, the leader also keeps
 //!   one `resource.k8s.io/v1` DeviceClass per Configuration, selecting
 //!   that Configuration's devices by CEL.
+//! * [`metrics`]: the controller's leadership and the Reservations by
+//!   phase, for Prometheus.
 //! * [`extender`]: `steward extender`, kube-scheduler's Filter and
 //!   Prioritize over HTTP; Filter creates the pod's Reservation and awaits
 //!   the controller's decision within a bound.
@@ -18,5 +20,7 @@ pub mod decision_loop;
 pub mod deviceclass;
 pub mod extender;
 pub mod ledger_picture;
+pub mod metrics;
 
 pub use decision_loop::{ControllerConfig, ControllerError, run};
+pub use metrics::ControllerMetrics;

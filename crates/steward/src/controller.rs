@@ -64,15 +64,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.lease.retry_period = args.retry_period;
     cfg.ttl = args.reservation_ttl;
     cfg.device_classes = args.dra_device_classes;
+    let mut registry = prometheus_client::registry::Registry::default();
+    cfg.metrics = steward_reservations::ControllerMetrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {
         // A standby replica is ready too: readiness says the process runs
         // and reaches nothing it cannot; leading is the Lease's business.
-        crate::metrics::serve(
-            addr,
-            prometheus_client::registry::Registry::default(),
-            Readiness::default(),
-        )
-        .await?;
+        crate::metrics::serve(addr, registry, Readiness::default()).await?;
     }
     let stop = CancellationToken::new();
     let signal = stop.clone();

@@ -311,6 +311,22 @@ pub(crate) async fn run<L: ClaimStore, C: ClaimStore>(
     tracing::info!(%instance, "device plugin stopped");
 }
 
+/// Counts one plugin registered with kubelet while it lives.
+struct Registered(prometheus_client::metrics::gauge::Gauge);
+
+impl Registered {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Returns true when stopped during the wait.
 async fn wait_or_stop(stop: &CancellationToken, d: Duration) -> bool {
     tokio::select! {
@@ -350,7 +366,9 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
     };
     site.readiness
         .not_ready(&condition, "not registered with kubelet yet".to_owned());
-    let kubelet_id = loop {
+    // `registered` counts this plugin in steward_deviceplugin_plugins_registered
+    // until the generation ends.
+    let (kubelet_id, _registered) = loop {
         // The watcher may be one poll behind: a fresh stat decides, the
         // watcher only wakes a plugin that waits for the socket. The
         // identity kept is the one seen just before registering, so a
@@ -383,10 +401,11 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
                 site.readiness.ready(&condition);
                 site.serving
                     .report(namespace, instance, Serving::Registered);
-                if let Some(core) = core.upgrade() {
+                let registered = core.upgrade().map(|core| {
                     core.metrics.registrations.inc();
-                }
-                break before;
+                    Registered::new(core.metrics.registered.clone())
+                });
+                break (before, registered);
             }
             Err(e) => {
                 not_ready(format!("registration with kubelet failed: {e}"));

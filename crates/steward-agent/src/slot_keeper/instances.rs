@@ -47,6 +47,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         let fx = st.ledger.instance_removed(name);
         self.apply(&mut st, fx).await;
         st.instances.remove(name);
+        st.forget_health(name);
     }
 
     pub async fn set_broker(&self, key: (String, String), props: Option<BTreeMap<String, String>>) {

@@ -25,6 +25,17 @@ pub struct ClaimOpLabels {
     pub result: String,
 }
 
+/// `{steward_instance, health}`: an Instance's slots on this node by the
+/// health its device plugin reports. (`instance` would clash with the label
+/// Prometheus gives every scraped target.)
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotHealthLabels {
+    /// The Instance's name.
+    pub steward_instance: String,
+    /// `Healthy` or `Unhealthy`.
+    pub health: String,
+}
+
 /// Handles to the device-plugin metric families (clones share values).
 #[derive(Clone, Debug)]
 pub struct DevicePluginMetrics {
@@ -38,6 +49,12 @@ pub struct DevicePluginMetrics {
     pub registrations: Counter,
     /// `steward_deviceplugin_plugins`: plugins currently served.
     pub plugins: Gauge,
+    /// `steward_deviceplugin_plugins_registered`: plugins registered with
+    /// kubelet now (the rest are retrying).
+    pub registered: Gauge,
+    /// `steward_deviceplugin_slots{steward_instance,health}`: slots by the
+    /// health kubelet is told.
+    pub slots: Family<SlotHealthLabels, Gauge>,
     /// `steward_deviceplugin_claim_ops_total{store,op,result}`.
     pub claim_ops: Family<ClaimOpLabels, Counter>,
     /// `steward_deviceplugin_slots_released_total`: slots freed (pod gone,
@@ -65,6 +82,8 @@ impl Default for DevicePluginMetrics {
             allocate_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registrations: Counter::default(),
             plugins: Gauge::default(),
+            registered: Gauge::default(),
+            slots: Family::default(),
             claim_ops: Family::default(),
             released: Counter::default(),
             prepares: Family::default(),
@@ -111,6 +130,16 @@ impl DevicePluginMetrics {
             "steward_deviceplugin_plugins",
             "Device plugins currently served by this node",
             self.plugins.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_plugins_registered",
+            "Device plugins registered with kubelet now",
+            self.registered.clone(),
+        );
+        registry.register(
+            "steward_deviceplugin_slots",
+            "Slots of each Instance served here, by the health kubelet is told",
+            self.slots.clone(),
         );
         registry.register(
             "steward_deviceplugin_claim_ops",

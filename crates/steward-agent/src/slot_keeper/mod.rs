@@ -83,6 +83,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                 instances: BTreeMap::new(),
                 broker: BTreeMap::new(),
                 channels: BTreeMap::new(),
+                slot_health: metrics.slots.clone(),
             }),
             node,
             local,

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use steward_core::Millis;
 use steward_core::slots::{Health, SlotLedger};
 use steward_proto::deviceplugin::v1beta1::{Device, HEALTHY, NumaNode, TopologyInfo, UNHEALTHY};
@@ -12,6 +14,7 @@ use tokio::sync::watch;
 
 use super::clock::now;
 use super::instance::ServedInstance;
+use super::metrics::SlotHealthLabels;
 
 /// Added to a settle instant before listing pod resources for it.
 const SETTLE_MARGIN_MS: u64 = 5;
@@ -24,6 +27,8 @@ pub struct State {
     pub broker: BTreeMap<(String, String), BTreeMap<String, String>>,
     /// ListAndWatch content per Instance.
     pub channels: BTreeMap<String, watch::Sender<Vec<Device>>>,
+    /// `steward_deviceplugin_slots`, kept with what the channels send.
+    pub slot_health: Family<SlotHealthLabels, Gauge>,
 }
 
 impl State {
@@ -53,6 +58,15 @@ impl State {
     /// Sends the Instance's current health on its ListAndWatch channel.
     pub fn push_health(&self, instance: &str) {
         let devices = self.devices(instance);
+        let healthy = devices.iter().filter(|d| d.health == HEALTHY).count();
+        for (health, n) in [
+            (HEALTHY, healthy),
+            (UNHEALTHY, devices.len().saturating_sub(healthy)),
+        ] {
+            self.slot_health
+                .get_or_create(&slot_labels(instance, health))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         if let Some(tx) = self.channels.get(instance) {
             tx.send_if_modified(|current| {
                 if *current == devices {
@@ -62,6 +76,13 @@ impl State {
                     true
                 }
             });
+        }
+    }
+
+    /// Drops the Instance's slot gauges (it is no longer served here).
+    pub fn forget_health(&self, instance: &str) {
+        for health in [HEALTHY, UNHEALTHY] {
+            self.slot_health.remove(&slot_labels(instance, health));
         }
     }
 
@@ -75,5 +96,12 @@ impl State {
     pub(crate) fn settle_wait(&self, after: Millis) -> Option<Duration> {
         let due = self.ledger.next_settle(after)?;
         Some(Duration::from_millis(due.since(now()) + SETTLE_MARGIN_MS))
+    }
+}
+
+fn slot_labels(instance: &str, health: &str) -> SlotHealthLabels {
+    SlotHealthLabels {
+        steward_instance: instance.to_owned(),
+        health: health.to_owned(),
     }
 }

@@ -13,6 +13,9 @@ use crate::error::ResmgrError;
 /// Reason of the Warning Event on a Pod whose container the policy refused.
 pub const POLICY_DECISION_FAILED: &str = "PolicyDecisionFailed";
 
+/// `steward_resmgr_events_total{kind=...}` of a container the policy refused.
+pub(crate) const CONTAINER_REFUSED: &str = "container-refused";
+
 impl ResourceManager {
     /// Writes Events on Pods through `sink` from now on (cluster mode). A
     /// second call is ignored.
@@ -35,6 +38,11 @@ impl ResourceManager {
             .map(|m| m.name.clone())
             .unwrap_or_default();
         let result = self.create_container_decided(req).await;
+        if let Err(e) = &result
+            && is_policy_refusal(e)
+        {
+            self.metrics.event(CONTAINER_REFUSED);
+        }
         if let (Err(e), Some(pod), Some(sink)) = (&result, pod, self.pod_events.get())
             && is_policy_refusal(e)
         {

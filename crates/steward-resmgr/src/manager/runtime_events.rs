@@ -10,7 +10,7 @@ use steward_proto::cri::runtime::v1 as cri;
 use tracing::{info, warn};
 
 use super::placement::PodEnd;
-use super::refusals::is_policy_refusal;
+use super::refusals::{CONTAINER_REFUSED, is_policy_refusal};
 use super::resync::{ResyncReport, RuntimeListing};
 use super::{POLICY_DECISION_FAILED, ResourceManager, same_cpus};
 use crate::cache::{ContainerState, PodRecord, ResourcesRecord};
@@ -115,6 +115,9 @@ impl ResourceManager {
             Err(e) => {
                 let updates = self.take_updates_locked(&mut st);
                 drop(st);
+                if is_policy_refusal(&e) {
+                    self.metrics.event(CONTAINER_REFUSED);
+                }
                 if let Some(sink) = self.pod_events.get()
                     && is_policy_refusal(&e)
                 {
