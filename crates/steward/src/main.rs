@@ -71,6 +71,8 @@ enum Command {
     /// Explain what a pod holds (slots, CPUs, memory), since when and why.
     #[command(subcommand)]
     Explain(cli::Explain),
+    /// Print steward's version (the chart's appVersion) and the git commit it was built from.
+    Version(cli::version::VersionArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -95,7 +97,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::plugin::parse::<Cli>();
     let filter = match EnvFilter::try_new(&cli.log) {
         Ok(f) => f,
         Err(e) => {
@@ -137,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Watch(cmd) => runtime()?.block_on(cli::watch(cmd)),
         Command::Describe(cmd) => runtime()?.block_on(cli::describe(cmd)),
         Command::Explain(cmd) => runtime()?.block_on(cli::explain(cmd)),
+        Command::Version(args) => cli::version::print(&args),
     }
 }
 

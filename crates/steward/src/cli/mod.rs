@@ -19,10 +19,12 @@ mod handlers;
 mod instances;
 mod kube_view;
 mod output;
+pub mod plugin;
 mod quiet;
 mod slots;
 pub mod standalone_view;
 mod times;
+pub mod version;
 
 use std::path::PathBuf;
 
