@@ -1,6 +1,6 @@
 //! The built-in kinds a Helm chart installs (workloads, Services, service
-//! accounts, RBAC), served with structural schemas generated from
-//! k8s-openapi's types: a write with a field Kubernetes does not have is
+//! accounts, PodDisruptionBudgets, RBAC), served with structural schemas
+//! generated from k8s-openapi's types: a write with a field Kubernetes does not have is
 //! refused under `fieldValidation=Strict` (what `kubectl apply` asks for) and
 //! pruned otherwise, a value of the wrong type is refused, as kube-apiserver
 //! does. Defaulting and the controllers behind these kinds are not modelled:
@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use schemars::JsonSchema;
 use serde_json::{Value, json};
@@ -52,8 +53,8 @@ pub(crate) fn kind<T: JsonSchema>(
     rt
 }
 
-/// Service accounts, Services, DaemonSets, Deployments and RBAC (the
-/// schemas are generated once per process).
+/// Service accounts, Services, DaemonSets, Deployments, PodDisruptionBudgets
+/// and RBAC (the schemas are generated once per process).
 pub fn kinds() -> Vec<ResourceType> {
     static KINDS: OnceLock<Vec<ResourceType>> = OnceLock::new();
     KINDS.get_or_init(generate).clone()
@@ -74,6 +75,13 @@ fn generate() -> Vec<ResourceType> {
         svc,
         ds,
         deploy,
+        kind::<PodDisruptionBudget>(
+            "policy",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+            true,
+        ),
         kind::<ClusterRole>(rbac, "ClusterRole", "clusterroles", false, false),
         kind::<ClusterRoleBinding>(
             rbac,
