@@ -103,6 +103,7 @@ fn is_component(command: &clap::Command, word: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     #[test]
     fn only_the_plugin_name_is_the_plugin() {
