@@ -12,6 +12,7 @@ pub(crate) use resync::{GivenStatus, RuntimeListing};
 pub use runtime_events::{FailOpen, Synchronized, Updates};
 mod reconfigure;
 mod refusals;
+mod removed_pods;
 
 pub use refusals::POLICY_DECISION_FAILED;
 mod resync;
@@ -89,6 +90,8 @@ pub(crate) struct State {
     /// (answered with the runtime's call, or sent by `UpdateContainers`)
     /// instead of being sent as CRI `UpdateContainerResources`.
     outbox: Option<Vec<(String, ResourcesRecord)>>,
+    /// NRI transport: pods the runtime removed, never to be adopted again.
+    removed_pods: removed_pods::RemovedPods,
 }
 
 /// Holds the pipeline lock; see [`ResourceManager::pause_pipeline`].
@@ -181,6 +184,7 @@ impl ResourceManager {
                 pending: BTreeSet::new(),
                 holds: crate::reservations::Holds::new(),
                 outbox: None,
+                removed_pods: removed_pods::RemovedPods::default(),
             }),
             upstream,
             events,

@@ -7,10 +7,11 @@
 
 use kube::runtime::events::EventType;
 use steward_proto::cri::runtime::v1 as cri;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::placement::PodEnd;
 use super::refusals::{CONTAINER_REFUSED, is_policy_refusal};
+use super::removed_pods::RemovedPods;
 use super::resync::{ResyncReport, RuntimeListing};
 use super::{POLICY_DECISION_FAILED, ResourceManager, same_cpus};
 use crate::cache::{ContainerState, PodRecord, ResourcesRecord};
@@ -190,10 +191,31 @@ impl ResourceManager {
         updates
     }
 
-    /// A container was removed.
-    pub async fn container_removed(&self, id: &str) -> Updates {
+    /// A container of pod `pod_id` (as the event names it; else the
+    /// cached record's) was removed. A pod left with no container is
+    /// forgotten too: containerd (2.1.9 read) announces neither the stop
+    /// nor the removal of a pod sandbox that predates its own restart (its
+    /// NRI state after a restart knows containers only), so such a pod
+    /// would stay cached until the next Synchronize. One still alive comes
+    /// back with its next CreateContainer (which carries the pod) or at the
+    /// next Synchronize.
+    pub async fn container_removed(&self, id: &str, pod_id: Option<&str>) -> Updates {
         let mut st = self.state.lock().await;
+        let pod_id = pod_id
+            .map(str::to_owned)
+            .or_else(|| st.cache.data().containers.get(id).map(|c| c.pod_id.clone()));
         self.container_removed_locked(&mut st, id).await;
+        if let Some(pod_id) = pod_id
+            && !st
+                .cache
+                .data()
+                .containers
+                .values()
+                .any(|c| c.pod_id == pod_id)
+            && st.cache.data_mut().pods.remove(&pod_id).is_some()
+        {
+            debug!(pod_sandbox_id = %pod_id, "pod has no container left; forgotten");
+        }
         let updates = self.take_updates_locked(&mut st);
         self.save(&st);
         updates
@@ -208,9 +230,11 @@ impl ResourceManager {
         updates
     }
 
-    /// A pod sandbox was removed.
+    /// A pod sandbox was removed; a later Synchronize that still lists it
+    /// does not bring it back (see [`RemovedPods`]).
     pub async fn pod_removed(&self, id: &str) -> Updates {
         let mut st = self.state.lock().await;
+        st.removed_pods.insert(id);
         self.pod_ended_locked(&mut st, id, PodEnd::Removed).await;
         let updates = self.take_updates_locked(&mut st);
         self.save(&st);
@@ -223,9 +247,10 @@ impl ResourceManager {
     /// (fail-open): they are re-pinned by the answered updates and reported.
     pub(crate) async fn synchronize(
         &self,
-        listing: RuntimeListing,
+        mut listing: RuntimeListing,
     ) -> Result<Synchronized, ResmgrError> {
         let mut st = self.state.lock().await;
+        without_removed_pods(&mut listing, &st.removed_pods);
         let mut fail_open = Vec::new();
         if let Some(given) = &listing.given {
             for (id, (res, _)) in &given.containers {
@@ -290,6 +315,37 @@ impl ResourceManager {
     }
 }
 
+/// Drops from `listing` the pods the runtime already said it removed, and
+/// their containers: listed by a snapshot taken before the runtime dropped
+/// them from its stores, they are on their way out.
+fn without_removed_pods(listing: &mut RuntimeListing, removed: &RemovedPods) {
+    let before = listing.pods.len();
+    listing.pods.retain(|p| !removed.contains(&p.id));
+    if listing.pods.len() == before {
+        return;
+    }
+    info!(
+        pods = before - listing.pods.len(),
+        "Synchronize lists pods already removed; ignoring them"
+    );
+    let mut dropped = Vec::new();
+    listing.containers.retain(|c| {
+        let keep = !removed.contains(&c.pod_sandbox_id);
+        if !keep {
+            dropped.push(c.id.clone());
+        }
+        keep
+    });
+    if let Some(given) = listing.given.as_mut() {
+        for id in &dropped {
+            given.containers.remove(id);
+        }
+        given
+            .pod_cgroup_parents
+            .retain(|id, _| !removed.contains(id));
+    }
+}
+
 /// The CPUs a container ran on, as an Event says it: a container the
 /// runtime created unadjusted has no cpuset of its own (every CPU).
 fn ran_on(runtime_cpus: &str) -> String {
@@ -299,3 +355,6 @@ fn ran_on(runtime_cpus: &str) -> String {
         format!("CPUs {runtime_cpus}")
     }
 }
+
+#[cfg(test)]
+mod tests;

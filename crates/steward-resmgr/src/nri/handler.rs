@@ -237,7 +237,10 @@ impl Handler for ResmgrHandler {
                     .map(|p| normalize_cgroups_path(&p));
                 self.manager.container_started(&c.id, cgroup).await
             }
-            (Event::RemoveContainer, _, Some(c)) => self.manager.container_removed(&c.id).await,
+            (Event::RemoveContainer, p, Some(c)) => {
+                let pod = p.as_ref().map(|p| p.id.as_str());
+                self.manager.container_removed(&c.id, pod).await
+            }
             _ => Vec::new(),
         };
         self.send_later(updates);

@@ -1,0 +1,192 @@
+//! The NRI event path against orderings containerd produces: pods whose
+//! removal a Synchronize does not see, or that containerd never announces.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use steward_core::cpu::{PolicyConfig, PolicyKind, SyntheticSpec, Topology, new_policy};
+use steward_proto::cri::runtime::v1 as cri;
+
+use super::super::ResourceManager;
+use super::super::resync::{GivenStatus, RuntimeListing};
+use crate::cache::{Cache, PodRecord, PodState};
+use crate::config::FileConfig;
+use crate::metrics::Metrics;
+use crate::relay::Upstream;
+
+struct Fixture {
+    manager: ResourceManager,
+    _dir: tempfile::TempDir,
+}
+
+async fn manager() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Topology::synthetic(&SyntheticSpec {
+        cores_per_node: 4,
+        ..SyntheticSpec::default()
+    })
+    .unwrap();
+    let policy = new_policy(PolicyKind::Static, &topology, &PolicyConfig::default()).unwrap();
+    let (cache, _) = Cache::open(&dir.path().join("state")).unwrap();
+    let cgroups = dir.path().join("cgroup");
+    std::fs::create_dir_all(&cgroups).unwrap();
+    let (events, _rx) = tokio::sync::mpsc::channel(16);
+    let manager = ResourceManager::new(
+        cache,
+        policy,
+        topology,
+        FileConfig::default(),
+        // Never dialled: NRI answers and collects updates.
+        Upstream::new(&dir.path().join("runtime.sock"), Duration::from_secs(1)).unwrap(),
+        events,
+        Metrics::default(),
+        Arc::from(crate::cgroups::detect(&cgroups)),
+        &dir.path().join("resctrl"),
+        false,
+    );
+    manager.collect_updates().await;
+    manager.startup_from_cache().await;
+    Fixture { manager, _dir: dir }
+}
+
+fn pod(id: &str) -> PodRecord {
+    PodRecord {
+        id: id.into(),
+        uid: format!("uid-{id}"),
+        name: format!("name-{id}"),
+        namespace: "default".into(),
+        cgroup_parent: String::new(),
+        annotations: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        state: PodState::Ready,
+    }
+}
+
+fn shared() -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpu_shares: 256,
+        memory_limit_in_bytes: 32 << 20,
+        ..Default::default()
+    }
+}
+
+/// What a Synchronize lists: `pods`, each with its running containers.
+fn listing(pods: &[(&str, &[&str])]) -> RuntimeListing {
+    let mut given = GivenStatus::default();
+    let mut l = RuntimeListing::default();
+    for (p, containers) in pods {
+        given.pod_cgroup_parents.insert((*p).into(), String::new());
+        l.pods.push(cri::PodSandbox {
+            id: (*p).into(),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: format!("name-{p}"),
+                uid: format!("uid-{p}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            state: cri::PodSandboxState::SandboxReady as i32,
+            ..Default::default()
+        });
+        for c in *containers {
+            given.containers.insert((*c).into(), (Some(shared()), None));
+            l.containers.push(cri::Container {
+                id: (*c).into(),
+                pod_sandbox_id: (*p).into(),
+                metadata: Some(cri::ContainerMetadata {
+                    name: format!("name-{c}"),
+                    attempt: 0,
+                }),
+                state: cri::ContainerState::ContainerRunning as i32,
+                ..Default::default()
+            });
+        }
+    }
+    l.given = Some(given);
+    l
+}
+
+async fn cached(m: &ResourceManager) -> (Vec<String>, Vec<String>) {
+    let st = m.state.lock().await;
+    (
+        st.cache.data().pods.keys().cloned().collect(),
+        st.cache.data().containers.keys().cloned().collect(),
+    )
+}
+
+async fn create(m: &ResourceManager, pod_id: &str, id: &str) {
+    m.pod_created(pod(pod_id)).await.unwrap();
+    m.container_creating(pod(pod_id), id, format!("name-{id}"), shared())
+        .await
+        .unwrap();
+    m.container_started(id, None).await;
+}
+
+/// The snapshot is taken with the pod, the pod's removal handled, then
+/// the snapshot applied: the pod stays gone.
+#[tokio::test]
+async fn a_pod_removed_after_the_snapshot_is_not_brought_back_by_synchronize() {
+    let f = manager().await;
+    let m = &f.manager;
+    create(m, "p1", "c1").await;
+    create(m, "p2", "c2").await;
+    let snapshot = listing(&[("p1", &["c1"]), ("p2", &["c2"])]);
+
+    m.container_stopped("c1").await;
+    m.container_removed("c1", Some("p1")).await;
+    m.pod_removed("p1").await;
+    let s = m.synchronize(snapshot).await.unwrap();
+
+    assert_eq!(
+        cached(m).await,
+        (vec!["p2".to_owned()], vec!["c2".to_owned()])
+    );
+    assert!(s.report.pods_adopted.is_empty(), "{:?}", s.report);
+    assert!(s.report.containers_adopted.is_empty(), "{:?}", s.report);
+    // The next Synchronize (the pod gone from the runtime too) agrees.
+    let s = m.synchronize(listing(&[("p2", &["c2"])])).await.unwrap();
+    assert!(s.report.pods_vanished.is_empty(), "{:?}", s.report);
+    assert!(s.report.pods_adopted.is_empty(), "{:?}", s.report);
+    assert_eq!(
+        cached(m).await,
+        (vec!["p2".to_owned()], vec!["c2".to_owned()])
+    );
+}
+
+/// containerd announces neither StopPodSandbox nor RemovePodSandbox for a
+/// pod that predates its restart, only its containers' events: the pod is
+/// forgotten with its last container, and comes back with a new one.
+#[tokio::test]
+async fn a_pod_whose_removal_is_never_announced_goes_with_its_last_container() {
+    let f = manager().await;
+    let m = &f.manager;
+    // After a containerd restart: the pods come from its Synchronize.
+    let s = m
+        .synchronize(listing(&[("p1", &["c1", "c2"]), ("p2", &["c3"])]))
+        .await
+        .unwrap();
+    assert_eq!(s.report.pods_adopted, vec!["p1", "p2"]);
+    assert_eq!(s.report.containers_adopted, vec!["c1", "c2", "c3"]);
+
+    m.container_stopped("c1").await;
+    m.container_removed("c1", Some("p1")).await;
+    assert_eq!(cached(m).await.0, vec!["p1", "p2"], "p1 still has c2");
+    m.container_stopped("c2").await;
+    // The event's pod, or the cached record's when the event has none.
+    m.container_removed("c2", None).await;
+    assert_eq!(
+        cached(m).await,
+        (vec!["p2".to_owned()], vec!["c3".to_owned()])
+    );
+
+    // Not removed after all: its next container brings it back.
+    m.container_creating(pod("p2"), "c4", "name-c4".into(), shared())
+        .await
+        .unwrap();
+    m.container_removed("c3", Some("p2")).await;
+    assert_eq!(
+        cached(m).await,
+        (vec!["p2".to_owned()], vec!["c4".to_owned()])
+    );
+}
