@@ -9,6 +9,8 @@ use steward_resmgr::nri::{NriConfig, NriPlugin};
 
 use crate::resmgr_args::ManagerArgs;
 
+mod lock;
+
 #[derive(Debug, clap::Args)]
 pub struct NriPluginArgs {
     /// The runtime's NRI socket.
@@ -25,6 +27,18 @@ pub struct NriPluginArgs {
 }
 
 pub async fn run(args: NriPluginArgs) -> anyhow::Result<()> {
+    // First, before the cache is read or the runtime dialled: a second
+    // plugin on this state directory stops here.
+    let lock = lock::PluginLock::acquire(
+        args.manager.state_dir(),
+        &lock::Holder {
+            index: &args.nri_index,
+            name: &args.nri_name,
+            socket: &args.nri_socket,
+        },
+    )
+    .await?;
+    tracing::debug!(lock = %lock.path().display(), "holding the plugin lock");
     let (manager, readiness) = args
         .manager
         .start("nri-plugin", "starting: registering with the runtime")

@@ -54,6 +54,11 @@ pub struct ManagerArgs {
 }
 
 impl ManagerArgs {
+    /// `--state-dir`.
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
+    }
+
     /// The resource manager's configuration (connected to the API server
     /// with `--cluster`), its metrics served at `--metrics-address`, and
     /// `component` not ready (`why`) until the caller says it is.
