@@ -123,5 +123,14 @@ impl PodResourcesMetrics {
             "Events not delivered to watchers that were cut",
             self.events_dropped.clone(),
         );
+        // Both streams at 0 from the start: an empty family is not
+        // exported at all, and a counter's first increment is lost to
+        // increase() unless a 0 was scraped before it.
+        for stream in ["pods", "allocatable"] {
+            let kind = WatchKind { stream };
+            self.watchers.get_or_create(&kind);
+            self.watchers_cut.get_or_create(&kind);
+            self.events_dropped.get_or_create(&kind);
+        }
     }
 }

@@ -24,6 +24,15 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// Event kinds exported from the start (the alerts and the dashboard use
+/// them): a container the policy refused, a cache save that failed, a
+/// configuration refused.
+const ALERTED_EVENTS: [&str; 3] = ["container-refused", "cache-save-failed", "config-rejected"];
+
+/// Drift kinds exported from the start: what the read-back of cgroupfs
+/// finds changed.
+const ALERTED_DRIFT: [&str; 3] = ["cpuset", "cpuset-mems", "memory"];
+
 fn latency_histogram() -> Histogram {
     // 10 µs .. ~40 s.
     Histogram::new(exponential_buckets(1e-5, 2.5, 17))
@@ -95,6 +104,15 @@ impl Metrics {
             "Containers tracked in the cache",
             m.containers.clone(),
         );
+        // What the alerts watch, at 0 from the start: an empty family is
+        // not exported at all, and a counter's first increment is lost to
+        // increase() unless a 0 was scraped before it.
+        for kind in ALERTED_EVENTS {
+            m.events.get_or_create(&KindLabels { kind: kind.into() });
+        }
+        for kind in ALERTED_DRIFT {
+            m.drift.get_or_create(&KindLabels { kind: kind.into() });
+        }
         m
     }
 

@@ -151,6 +151,24 @@ impl DevicePluginMetrics {
             "Slot claims released (pod gone, expired, rolled back)",
             self.released.clone(),
         );
+        // The claim outcomes and a successful Allocate at 0 from the
+        // start: an empty family is not exported at all, and a counter's
+        // first increment is lost to increase() unless a 0 was scraped
+        // before it.
+        for store in ["local", "cluster"] {
+            for op in ["write", "delete"] {
+                for result in ["ok", "unreachable", "failed"] {
+                    self.claim_ops.get_or_create(&ClaimOpLabels {
+                        store: store.into(),
+                        op: op.into(),
+                        result: result.into(),
+                    });
+                }
+            }
+        }
+        self.allocations.get_or_create(&ResultLabels {
+            result: "ok".into(),
+        });
     }
 
     pub(crate) fn preparation(&self, result: &str) {
