@@ -128,9 +128,9 @@ impl PodResourcesMetrics {
         // increase() unless a 0 was scraped before it.
         for stream in ["pods", "allocatable"] {
             let kind = WatchKind { stream };
-            self.watchers.get_or_create(&kind);
-            self.watchers_cut.get_or_create(&kind);
-            self.events_dropped.get_or_create(&kind);
+            drop(self.watchers.get_or_create(&kind));
+            drop(self.watchers_cut.get_or_create(&kind));
+            drop(self.events_dropped.get_or_create(&kind));
         }
     }
 }

@@ -158,17 +158,17 @@ impl DevicePluginMetrics {
         for store in ["local", "cluster"] {
             for op in ["write", "delete"] {
                 for result in ["ok", "unreachable", "failed"] {
-                    self.claim_ops.get_or_create(&ClaimOpLabels {
+                    drop(self.claim_ops.get_or_create(&ClaimOpLabels {
                         store: store.into(),
                         op: op.into(),
                         result: result.into(),
-                    });
+                    }));
                 }
             }
         }
-        self.allocations.get_or_create(&ResultLabels {
+        drop(self.allocations.get_or_create(&ResultLabels {
             result: "ok".into(),
-        });
+        }));
     }
 
     pub(crate) fn preparation(&self, result: &str) {
