@@ -51,6 +51,15 @@ async fn apply(text: &str) -> Vec<Value> {
         .await;
     let got: Value = serde_json::from_str(&got).unwrap();
     let items = got["items"].as_array().unwrap().clone();
+    // Applying again: kubectl says `configured` (it always sends the
+    // selector, whose patch strategy is replace), but nothing changes.
+    k.ok(&["apply", "-f", file.to_str().unwrap()]).await;
+    let again = k
+        .ok(&["get", "poddisruptionbudgets", "-n", NAMESPACE, "-o", "json"])
+        .await;
+    let again: Value = serde_json::from_str(&again).unwrap();
+    let specs = |items: &[Value]| items.iter().map(|p| p["spec"].clone()).collect::<Vec<_>>();
+    assert_eq!(specs(again["items"].as_array().unwrap()), specs(&items));
     server.shutdown().await;
     items
 }
