@@ -251,6 +251,7 @@ impl ResourceManager {
     ) -> Result<Synchronized, ResmgrError> {
         let mut st = self.state.lock().await;
         without_removed_pods(&mut listing, &st.removed_pods);
+        without_unknown_empty_pods(&mut listing, &st.cache.data().pods);
         let mut fail_open = Vec::new();
         if let Some(given) = &listing.given {
             for (id, (res, _)) in &given.containers {
@@ -343,6 +344,33 @@ fn without_removed_pods(listing: &mut RuntimeListing, removed: &RemovedPods) {
         given
             .pod_cgroup_parents
             .retain(|id, _| !removed.contains(id));
+    }
+}
+
+/// Drops from `listing` the pods the cache does not know that have no
+/// container at all: nothing to place, and one may be a pod whose removal
+/// was announced before this plugin joined (containerd sends
+/// RemovePodSandbox, after removing the containers, before it drops the
+/// sandbox), which no event would ever take out of the cache again. A live
+/// one comes in with its first CreateContainer, which carries the pod.
+fn without_unknown_empty_pods(
+    listing: &mut RuntimeListing,
+    cached: &std::collections::BTreeMap<String, PodRecord>,
+) {
+    let with_containers: std::collections::BTreeSet<&str> = listing
+        .containers
+        .iter()
+        .map(|c| c.pod_sandbox_id.as_str())
+        .collect();
+    let before = listing.pods.len();
+    listing
+        .pods
+        .retain(|p| cached.contains_key(&p.id) || with_containers.contains(p.id.as_str()));
+    if listing.pods.len() != before {
+        debug!(
+            pods = before - listing.pods.len(),
+            "Synchronize lists pods without containers the cache does not know; not adopted"
+        );
     }
 }
 

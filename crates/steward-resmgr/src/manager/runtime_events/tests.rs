@@ -190,3 +190,24 @@ async fn a_pod_whose_removal_is_never_announced_goes_with_its_last_container() {
         (vec!["p2".to_owned()], vec!["c4".to_owned()])
     );
 }
+
+/// A pod without containers is adopted only if the cache knows it (from
+/// RunPodSandbox): an unknown one may be on its way out with no event to
+/// come, and a live one comes in with its first CreateContainer.
+#[tokio::test]
+async fn synchronize_does_not_adopt_unknown_pods_without_containers() {
+    let f = manager().await;
+    let m = &f.manager;
+    m.pod_created(pod("p1")).await.unwrap();
+    let s = m
+        .synchronize(listing(&[("p1", &[]), ("p2", &[]), ("p3", &["c3"])]))
+        .await
+        .unwrap();
+    assert_eq!(s.report.pods_adopted, vec!["p3"]);
+    assert!(s.report.pods_vanished.is_empty(), "{:?}", s.report);
+    assert_eq!(cached(m).await.0, vec!["p1", "p3"]);
+    m.container_creating(pod("p2"), "c2", "name-c2".into(), shared())
+        .await
+        .unwrap();
+    assert_eq!(cached(m).await.0, vec!["p1", "p2", "p3"]);
+}
