@@ -40,7 +40,11 @@ impl Drop for Kubectl {
 
 impl Kubectl {
     pub async fn new(server: &ApiServer) -> Self {
-        let bin = kubectl_bin();
+        Self::with_bin(server, kubectl_bin()).await
+    }
+
+    /// As [`Kubectl::new`], with the kubectl binary `bin` (another version).
+    pub async fn with_bin(server: &ApiServer, bin: PathBuf) -> Self {
         let dir = std::env::temp_dir().join(format!("steward-kubectl-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let kubeconfig = json!({
