@@ -211,3 +211,24 @@ async fn synchronize_does_not_adopt_unknown_pods_without_containers() {
         .unwrap();
     assert_eq!(cached(m).await.0, vec!["p1", "p2", "p3"]);
 }
+
+/// A container the policy refuses is counted as
+/// `steward_resmgr_events_total{kind="container-refused"}` (the alert
+/// StewardResourceManagerRefusingContainers watches it); one it places is not.
+#[tokio::test]
+async fn a_refused_container_is_counted() {
+    let f = manager().await;
+    let m = &f.manager;
+    create(m, "p1", "c1").await;
+    assert_eq!(m.metrics().event_count("container-refused"), 0);
+    let mut bad = pod("p2");
+    bad.annotations.insert(
+        crate::requests::QOS_ANNOTATION.into(),
+        "no-such-class".into(),
+    );
+    let refused = m
+        .container_creating(bad, "c2", "name-c2".into(), shared())
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(m.metrics().event_count("container-refused"), 1);
+}
