@@ -82,6 +82,20 @@ async fn readiness_follows_kubelet_registration() {
         text.contains("registration with kubelet failed") || text.contains("not registered"),
         "{text}"
     );
+    // The metrics the alerts StewardDevicePluginNotRegistered and
+    // StewardSlotsUnhealthy watch: served, not registered, its slot Healthy.
+    let dpm = agent.metrics.device_plugins.clone();
+    let slots = |health: &str| {
+        dpm.slots
+            .get_or_create(&steward_agent::deviceplugin::SlotHealthLabels {
+                steward_instance: name.clone(),
+                health: health.into(),
+            })
+            .get()
+    };
+    assert_eq!(dpm.plugins.get(), 1);
+    assert_eq!(dpm.registered.get(), 0);
+    assert_eq!((slots("Healthy"), slots("Unhealthy")), (1, 0));
     let (status, reason, message) = wait_ready_condition(&server, &name, "False").await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", "NotServed"));
     assert!(message.starts_with("node node-a: "), "{message}");
@@ -99,6 +113,7 @@ async fn readiness_follows_kubelet_registration() {
     .await
     .unwrap();
     wait_report(&readiness, "ready once registered again", |ok, _| ok).await;
+    assert_eq!((dpm.plugins.get(), dpm.registered.get()), (1, 1));
     let (_, reason, message) = wait_ready_condition(&server, &name, "True").await;
     assert_eq!(reason, "Served");
     assert_eq!(message, "registered with kubelet on node-a");
@@ -131,5 +146,9 @@ async fn readiness_follows_kubelet_registration() {
     })
     .await;
     assert!(readiness.report().0);
+    eventually("the plugin no longer counted", WAIT, || async {
+        (dpm.plugins.get() == 0 && dpm.registered.get() == 0).then_some(())
+    })
+    .await;
     agent.stop().await.unwrap();
 }

@@ -50,8 +50,8 @@ pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
 pub use crate::slot_keeper::{
-    ClaimOpLabels, DevicePluginMetrics, NUMA_PROPERTY, ResultLabels, ServedInstance, env_name,
-    resource_name, socket_name,
+    ClaimOpLabels, DevicePluginMetrics, NUMA_PROPERTY, ResultLabels, ServedInstance,
+    SlotHealthLabels, env_name, resource_name, socket_name,
 };
 
 use self::plugin::PluginSite;

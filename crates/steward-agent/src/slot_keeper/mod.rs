@@ -35,7 +35,7 @@ use tokio::sync::{Mutex, MutexGuard, mpsc, watch};
 pub use self::clock::now;
 pub use self::durable::ClaimRefused;
 pub use self::instance::{NUMA_PROPERTY, ServedInstance};
-pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels};
+pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels, SlotHealthLabels};
 pub use self::names::{env_name, resource_name, socket_name};
 pub use self::state::State;
 use crate::claims::{ClaimError, ClaimStore};
