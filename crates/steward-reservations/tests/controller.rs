@@ -28,6 +28,7 @@ const WAIT: Duration = Duration::from_secs(20);
 struct Controller {
     stop: CancellationToken,
     task: JoinHandle<()>,
+    metrics: steward_reservations::ControllerMetrics,
 }
 
 impl Controller {
@@ -38,13 +39,18 @@ impl Controller {
         cfg.lease.lease_duration = Duration::from_secs(2);
         cfg.lease.renew_deadline = Duration::from_millis(1500);
         cfg.lease.retry_period = Duration::from_millis(100);
+        let metrics = cfg.metrics.clone();
         let stop = CancellationToken::new();
         let client = api.client();
         let s = stop.clone();
         let task = tokio::spawn(async move {
             run(client, cfg, s).await.unwrap();
         });
-        Self { stop, task }
+        Self {
+            stop,
+            task,
+            metrics,
+        }
     }
 
     async fn stop(mut self) {
@@ -263,7 +269,27 @@ async fn a_shared_instance_is_reserved_once_cluster_wide() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The metrics say the same: this replica leads; two Reserved, one
+    // Rejected, none waiting.
+    let phase = |p: &str| {
+        c.metrics
+            .reservations
+            .get_or_create(&steward_reservations::metrics::PhaseLabels { phase: p.into() })
+            .get()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while (phase("Reserved"), phase("Rejected"), phase("Requested")) != (2, 1, 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "phases never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.metrics.leading.get(), 1);
+    assert_eq!(c.metrics.oldest_requested_seconds.get(), 0);
+    let metrics = c.metrics.clone();
     c.stop().await;
+    assert_eq!(metrics.leading.get(), 0, "a stopped replica does not lead");
 }
 
 #[tokio::test]
