@@ -193,7 +193,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     let podres = PodResourcesClient::new(&config.pod_resources_socket, config.op_timeout);
 
     let initial = watch::recovery_input(&client, &node, &podres, &core, directory.as_ref()).await;
-    let served = initial.served.clone();
+    let served = watch::ServedChanges::complete(initial.served.clone());
     core.recover(initial.input).await;
     for (key, props) in &initial.broker {
         core.set_broker(key.clone(), Some(props.clone())).await;
@@ -256,7 +256,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         broker: initial.broker,
         metrics,
     };
-    manager.set_instances(served).await;
+    manager.apply_served(served).await;
     readiness.ready("device-plugins");
 
     let mut ticker = tokio::time::interval(config.tick_interval);
@@ -267,15 +267,16 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         tokio::select! {
             () = &mut shutdown => break,
             Some(ev) = cat_rx.recv() => {
-                // Events already waiting are taken too: of consecutive
-                // Instance sets only the last counts (each is complete),
-                // so a burst starts its plugins and rewrites each CDI
-                // spec once, not once per Instance.
+                // Events already waiting are taken too: consecutive
+                // changes of the served set are folded into one, so a
+                // burst starts its plugins and rewrites each CDI spec
+                // once, not once per Instance.
                 let mut pending = Some(ev);
                 while let Some(ev) = pending.take() {
                     match (ev, cat_rx.try_recv()) {
-                        (CatalogEvent::Instances(_), Ok(next @ CatalogEvent::Instances(_))) => {
-                            pending = Some(next);
+                        (CatalogEvent::Instances(mut changes), Ok(CatalogEvent::Instances(next))) => {
+                            changes.merge(next);
+                            pending = Some(CatalogEvent::Instances(changes));
                         }
                         (ev, Ok(next)) => {
                             manager.on_catalog(ev).await;
@@ -306,7 +307,7 @@ struct Manager<L, C> {
 impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
     async fn on_catalog(&mut self, ev: CatalogEvent) {
         match ev {
-            CatalogEvent::Instances(served) => self.set_instances(served).await,
+            CatalogEvent::Instances(changes) => self.apply_served(changes).await,
             CatalogEvent::Broker { key, props } => {
                 let changed = self.broker.get(&key) != props.as_ref();
                 match &props {
@@ -325,16 +326,24 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
         }
     }
 
-    /// Brings the running plugins in line with the Instances this node
-    /// serves now.
-    async fn set_instances(&mut self, served: BTreeMap<String, ServedInstance>) {
+    /// Brings the running plugins in line with what changed in the set of
+    /// Instances this node serves.
+    async fn apply_served(&mut self, changes: watch::ServedChanges) {
+        let watch::ServedChanges { complete, entries } = changes;
         let mut touched = BTreeSet::new();
-        let gone: Vec<String> = self
-            .running
-            .keys()
-            .filter(|n| !served.contains_key(*n))
-            .cloned()
-            .collect();
+        let gone: Vec<String> = if complete {
+            self.running
+                .keys()
+                .filter(|n| !matches!(entries.get(*n), Some(Some(_))))
+                .cloned()
+                .collect()
+        } else {
+            entries
+                .iter()
+                .filter(|(_, now)| now.is_none())
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
         for name in gone {
             if let Some(r) = self.running.remove(&name) {
                 touched.insert(r.inst.config_key());
@@ -343,7 +352,8 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                 tracing::info!(instance = %name, "instance gone from this node; device plugin stopped");
             }
         }
-        for (name, inst) in served {
+        for (name, inst) in entries {
+            let Some(inst) = inst else { continue };
             match self.running.get(&name) {
                 Some(r) if r.inst == inst => {}
                 Some(r) => {

@@ -25,13 +25,41 @@ use crate::slot_keeper::{SlotKeeper, now};
 /// Changes of what the plugins serve.
 #[derive(Debug)]
 pub(crate) enum CatalogEvent {
-    /// The complete set of Instances this node serves now, by name.
-    Instances(BTreeMap<String, ServedInstance>),
+    /// What changed in the set of Instances this node serves, by name.
+    Instances(ServedChanges),
     /// Broker properties of a Configuration (`None`: deleted).
     Broker {
         key: (String, String),
         props: Option<BTreeMap<String, String>>,
     },
+}
+
+/// A change of the served set: each name a change touched, with what this
+/// node serves under it now (`None`: nothing). When `complete`, the
+/// entries are the whole set, and a name missing from them is gone.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct ServedChanges {
+    pub complete: bool,
+    pub entries: BTreeMap<String, Option<ServedInstance>>,
+}
+
+impl ServedChanges {
+    /// The whole served set.
+    pub(crate) fn complete(served: BTreeMap<String, ServedInstance>) -> Self {
+        Self {
+            complete: true,
+            entries: served.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        }
+    }
+
+    /// Folds `later` into `self`, as if both had been applied in order.
+    pub(crate) fn merge(&mut self, later: ServedChanges) {
+        if later.complete {
+            *self = later;
+        } else {
+            self.entries.extend(later.entries);
+        }
+    }
 }
 
 fn served_on(
@@ -202,13 +230,14 @@ fn pods_from_kubelet(
         .collect()
 }
 
-/// Instances of every namespace; sends the set this node serves whenever
-/// it changes, and keeps `directory` current.
+/// Instances of every namespace; sends what changed in the set this node
+/// serves, and keeps `directory` current.
 ///
-/// Changes already waiting are applied together before the set is sent: a
-/// burst of a thousand new Instances (or of status writes) becomes a few
-/// updates, not a thousand copies of a growing set. Only the Instances a
-/// change names are looked at again; a relist recomputes the whole set.
+/// Changes already waiting are applied together before one update is sent.
+/// Only the names a change touches are looked at again and sent, so a
+/// burst of a thousand new Instances costs a thousand small updates, not a
+/// thousand copies of a growing set; a relist recomputes and sends the
+/// whole set.
 pub(crate) async fn watch_instances(
     client: kube::Client,
     node: String,
@@ -216,24 +245,23 @@ pub(crate) async fn watch_instances(
     tx: mpsc::Sender<CatalogEvent>,
 ) {
     let mut changes = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
-    let mut all = Mirror::keyed(|i: &Instance| key_of(&i.metadata), Some);
-    let mut served: BTreeMap<String, ServedInstance> = BTreeMap::new();
+    let mut index = ServedIndex::new(node);
     let mut sent = false;
     while let Some(first) = changes.next().await {
-        let mut changed = false;
+        let mut out = ServedChanges::default();
         let mut next = Some(first);
         while let Some(change) = next.take() {
-            changed |=
-                apply_instance_change(&mut all, &mut served, change, &node, directory.as_ref());
+            out.merge(index.apply(change, directory.as_ref()));
             next = changes.next().now_or_never().flatten();
         }
-        if changed || !sent {
+        if !sent {
+            // The first update is complete: the manager may have started
+            // from a list older than the watch's.
+            out = ServedChanges::complete(index.served.clone());
+        }
+        if out.complete || !out.entries.is_empty() {
             sent = true;
-            if tx
-                .send(CatalogEvent::Instances(served.clone()))
-                .await
-                .is_err()
-            {
+            if tx.send(CatalogEvent::Instances(out)).await.is_err() {
                 return;
             }
         }
@@ -242,71 +270,110 @@ pub(crate) async fn watch_instances(
 
 type InstanceMirror = Mirror<Instance, Instance, (String, String)>;
 
-/// Folds one change into the mirror and the served set; returns whether
-/// the served set changed.
-fn apply_instance_change(
-    all: &mut InstanceMirror,
-    served: &mut BTreeMap<String, ServedInstance>,
-    change: Change<Instance>,
-    node: &str,
-    directory: Option<&InstanceDirectory>,
-) -> bool {
-    let delta = match all.apply(change) {
-        Ok(delta) => delta,
-        Err(e) => {
-            tracing::warn!(error = %e, "Instance watch failed; retrying");
-            return false;
+/// Every Instance, the namespaces each name is used in, and the set this
+/// node serves (keyed by name alone, as kubelet's resource names are).
+struct ServedIndex {
+    node: String,
+    all: InstanceMirror,
+    by_name: BTreeMap<String, BTreeSet<String>>,
+    served: BTreeMap<String, ServedInstance>,
+}
+
+impl ServedIndex {
+    fn new(node: String) -> Self {
+        Self {
+            node,
+            all: Mirror::keyed(|i: &Instance| key_of(&i.metadata), Some),
+            by_name: BTreeMap::new(),
+            served: BTreeMap::new(),
         }
-    };
-    if let Some(dir) = directory {
-        for inst in delta.applied.iter().filter_map(|k| all.get(k)) {
-            if let Some(r) = InstanceRef::of(inst) {
-                dir.insert(r);
+    }
+
+    /// Folds one change in; returns what changed in the served set.
+    fn apply(
+        &mut self,
+        change: Change<Instance>,
+        directory: Option<&InstanceDirectory>,
+    ) -> ServedChanges {
+        let delta = match self.all.apply(change) {
+            Ok(delta) => delta,
+            Err(e) => {
+                tracing::warn!(error = %e, "Instance watch failed; retrying");
+                return ServedChanges::default();
             }
-        }
-        // Only a deletion seen as such leaves the directory: an
-        // Instance missing from a relist stays resolvable.
-        if !delta.relisted {
-            for ((namespace, name), _) in &delta.removed {
-                if dir.get(name).is_some_and(|r| &r.namespace == namespace) {
-                    dir.remove(name);
+        };
+        if let Some(dir) = directory {
+            for inst in delta.applied.iter().filter_map(|k| self.all.get(k)) {
+                if let Some(r) = InstanceRef::of(inst) {
+                    dir.insert(r);
+                }
+            }
+            // Only a deletion seen as such leaves the directory: an
+            // Instance missing from a relist stays resolvable.
+            if !delta.relisted {
+                for ((namespace, name), _) in &delta.removed {
+                    if dir.get(name).is_some_and(|r| &r.namespace == namespace) {
+                        dir.remove(name);
+                    }
                 }
             }
         }
-    }
-    if delta.relisted {
-        let now = served_on(all.as_map(), node);
-        let changed = now != *served;
-        *served = now;
-        return changed;
-    }
-    // The served set is keyed by name alone, as kubelet's resource names
-    // are: for each name a change touched, the entry is what a full
-    // recompute (`served_on`) would give — the last Instance of that name,
-    // in (namespace, name) order, that this node serves.
-    let touched: BTreeSet<&String> = delta
-        .removed
-        .iter()
-        .map(|((_, name), _)| name)
-        .chain(delta.applied.iter().map(|(_, name)| name))
-        .collect();
-    let mut changed = false;
-    for name in touched {
-        let now = all
-            .as_map()
-            .iter()
-            .rev()
-            .filter(|((_, n), _)| n == name)
-            .find_map(|(_, inst)| served_here(inst, node));
-        if served.get(name) != now.as_ref() {
-            match now {
-                Some(s) => served.insert(name.clone(), s),
-                None => served.remove(name),
-            };
-            changed = true;
+        if delta.relisted {
+            self.by_name.clear();
+            for (namespace, name) in self.all.as_map().keys() {
+                self.by_name
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(namespace.clone());
+            }
+            let now = served_on(self.all.as_map(), &self.node);
+            if now == self.served {
+                return ServedChanges::default();
+            }
+            self.served = now;
+            return ServedChanges::complete(self.served.clone());
         }
+        for ((namespace, name), _) in &delta.removed {
+            if let Some(spaces) = self.by_name.get_mut(name) {
+                spaces.remove(namespace);
+                if spaces.is_empty() {
+                    self.by_name.remove(name);
+                }
+            }
+        }
+        for (namespace, name) in &delta.applied {
+            self.by_name
+                .entry(name.clone())
+                .or_default()
+                .insert(namespace.clone());
+        }
+        // For each name a change touched, the entry is what a full
+        // recompute (`served_on`) would give: the last Instance of that
+        // name, in (namespace, name) order, that this node serves.
+        let touched: BTreeSet<String> = delta
+            .removed
+            .into_iter()
+            .map(|((_, name), _)| name)
+            .chain(delta.applied.into_iter().map(|(_, name)| name))
+            .collect();
+        let mut out = ServedChanges::default();
+        for name in touched {
+            let now = self.by_name.get(&name).and_then(|spaces| {
+                spaces.iter().rev().find_map(|ns| {
+                    let inst = self.all.get(&(ns.clone(), name.clone()))?;
+                    served_here(inst, &self.node)
+                })
+            });
+            if self.served.get(&name) != now.as_ref() {
+                match &now {
+                    Some(s) => self.served.insert(name.clone(), s.clone()),
+                    None => self.served.remove(&name),
+                };
+                out.entries.insert(name, now);
+            }
+        }
+        out
     }
-    changed
 }
 
 /// Configurations of every namespace: their broker properties.

@@ -16,6 +16,9 @@ use steward_api::Configuration;
 use steward_core::discovery::instances::{InstanceOp, InstanceView, plan, plan_node_gone};
 use steward_core::discovery::{ConfigKey, Device};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
 use crate::error::StoreError;
 use crate::metrics::AgentMetrics;
 
@@ -170,7 +173,46 @@ pub async fn remove_node<S: InstanceStore>(
     })
 }
 
+/// Instance writes of one reconcile in flight at once (kube-apiserver's
+/// default admits 200 mutating requests in flight).
+const WRITES_IN_FLIGHT: usize = 16;
+
+/// Writes `ops`, the Instances of up to [`WRITES_IN_FLIGHT`] at a time: the
+/// ops of one Instance in their planned order, different Instances side by
+/// side, so a node that finds a thousand devices at once waits for a few
+/// round trips, not a thousand. An error other than a conflict wins over a
+/// conflict (which only asks the caller to plan again).
 async fn apply_all<S: InstanceStore>(
+    store: &S,
+    cx: OpContext<'_>,
+    ops: &[InstanceOp],
+    metrics: &AgentMetrics,
+) -> Result<(), StoreError> {
+    // `plan` sorts by name (stably), so one Instance's ops are adjacent.
+    let mut groups = ops
+        .chunk_by(|a, b| a.name() == b.name())
+        .collect::<Vec<_>>()
+        .into_iter();
+    let mut running = FuturesUnordered::new();
+    let mut conflict = None;
+    loop {
+        while running.len() < WRITES_IN_FLIGHT {
+            let Some(same) = groups.next() else { break };
+            running.push(apply_in_order(store, cx, same, metrics));
+        }
+        let Some(result) = running.next().await else {
+            break;
+        };
+        match result {
+            Ok(()) => {}
+            Err(e @ StoreError::Conflict { .. }) => conflict = conflict.or(Some(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    conflict.map_or(Ok(()), Err)
+}
+
+async fn apply_in_order<S: InstanceStore>(
     store: &S,
     cx: OpContext<'_>,
     ops: &[InstanceOp],

@@ -1,4 +1,5 @@
-//! The served set folded change by change equals a full recompute.
+//! The served set folded change by change equals a full recompute, and so
+//! does a replica that hears only the changes sent.
 
 use super::*;
 
@@ -39,8 +40,8 @@ fn folding_changes_gives_what_a_full_recompute_gives() {
     let node_sets: [&[&str]; 4] = [&["n1"], &["n2"], &["n1", "n2"], &[]];
     for seed in 0..200 {
         let mut rng = Lcg(seed);
-        let mut all = Mirror::keyed(|i: &Instance| key_of(&i.metadata), Some);
-        let mut served = BTreeMap::new();
+        let mut index = ServedIndex::new("n1".to_owned());
+        let mut replica: BTreeMap<String, ServedInstance> = BTreeMap::new();
         let mut live: BTreeMap<(String, String), Instance> = BTreeMap::new();
         for step in 0..40 {
             let ns = namespaces[rng.next(2) as usize];
@@ -62,11 +63,88 @@ fn folding_changes_gives_what_a_full_recompute_gives() {
                     Change::Applied(inst)
                 }
             };
-            let before = served.clone();
-            let changed = apply_instance_change(&mut all, &mut served, change, "n1", None);
-            let want = served_on(all.as_map(), "n1");
-            assert_eq!(served, want, "seed {seed}, step {step}");
-            assert_eq!(changed, before != served, "seed {seed}, step {step}");
+            let before = index.served.clone();
+            let sent = index.apply(change, None);
+            let want = served_on(index.all.as_map(), "n1");
+            assert_eq!(index.served, want, "seed {seed}, step {step}");
+            let changed = sent.complete || !sent.entries.is_empty();
+            assert_eq!(changed, before != index.served, "seed {seed}, step {step}");
+            // Every entry sent is a real change.
+            if !sent.complete {
+                for (n, now) in &sent.entries {
+                    assert_ne!(before.get(n), now.as_ref(), "seed {seed}, step {step}");
+                }
+            }
+            apply_to(&mut replica, sent);
+            assert_eq!(replica, want, "seed {seed}, step {step}");
         }
+    }
+}
+
+/// What the manager does with the changes it hears.
+fn apply_to(replica: &mut BTreeMap<String, ServedInstance>, changes: ServedChanges) {
+    if changes.complete {
+        replica.clear();
+    }
+    for (name, now) in changes.entries {
+        match now {
+            Some(s) => replica.insert(name, s),
+            None => replica.remove(&name),
+        };
+    }
+}
+
+#[test]
+fn merged_changes_equal_the_changes_applied_in_turn() {
+    let served = |name: &str, cap: u32| {
+        ServedInstance::from_instance(&instance("a", name, &["n1"], cap), "n1").unwrap()
+    };
+    let start: BTreeMap<String, ServedInstance> = [("cam", 1), ("mic", 1)]
+        .map(|(n, c)| (n.to_owned(), served(n, c)))
+        .into();
+    let steps = [
+        ServedChanges {
+            complete: false,
+            entries: [
+                ("cam".to_owned(), None),
+                ("gpu".to_owned(), Some(served("gpu", 2))),
+            ]
+            .into(),
+        },
+        ServedChanges::complete([("mic".to_owned(), served("mic", 3))].into()),
+        ServedChanges {
+            complete: false,
+            entries: [("cam".to_owned(), Some(served("cam", 2)))].into(),
+        },
+    ];
+    for cut in 0..=steps.len() {
+        let mut in_turn = start.clone();
+        let mut merged = ServedChanges::default();
+        for (i, step) in steps.iter().enumerate() {
+            let copy = ServedChanges {
+                complete: step.complete,
+                entries: step.entries.clone(),
+            };
+            apply_to(&mut in_turn, copy);
+            let copy = ServedChanges {
+                complete: step.complete,
+                entries: step.entries.clone(),
+            };
+            if i < cut {
+                merged.merge(copy);
+            }
+        }
+        let mut folded = start.clone();
+        apply_to(&mut folded, merged);
+        for step in &steps[cut..] {
+            apply_to(
+                &mut folded,
+                ServedChanges {
+                    complete: step.complete,
+                    entries: step.entries.clone(),
+                },
+            );
+        }
+        assert_eq!(folded, in_turn, "cut after {cut}");
     }
 }
