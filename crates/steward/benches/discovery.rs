@@ -337,7 +337,21 @@ async fn agent_with_devices(sizes: &Sizes) -> anyhow::Result<()> {
         (s.instances as usize == n).then_some(())
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The burst's follow-up writes (each plugin's registration state in its
+    // Instance's status, the Configuration's status) drain first: the
+    // window opens after a whole second with no write, and how long the
+    // drain took is reported.
+    let drain_deadline = Instant::now() + Duration::from_secs(60);
+    let drained = loop {
+        cluster.server.reset_stats();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if cluster.server.stats().total_writes() == 0 {
+            break t0.elapsed().saturating_sub(settle + Duration::from_secs(1));
+        }
+        if Instant::now() > drain_deadline {
+            bail!("the agent still writes 60 s after the last Instance appeared");
+        }
+    };
 
     // Steady window.
     cluster.server.reset_stats();
@@ -355,9 +369,10 @@ async fn agent_with_devices(sizes: &Sizes) -> anyhow::Result<()> {
     let requests_per_minute = stats.total_requests() as f64 * 60.0 / window.as_secs_f64();
 
     println!(
-        "discovery/agent-{n}-devices rss={:.1}MiB cpu={cpu_pct:.2}% settle={:.2}s (peak rss={:.1}MiB, idle rss={:.1}MiB, window={:.0}s)",
+        "discovery/agent-{n}-devices rss={:.1}MiB cpu={cpu_pct:.2}% settle={:.2}s writes-drained={:.2}s later (peak rss={:.1}MiB, idle rss={:.1}MiB, window={:.0}s)",
         mib(rss),
         settle.as_secs_f64(),
+        drained.as_secs_f64(),
         mib(hwm),
         mib(idle_rss),
         window.as_secs_f64()

@@ -5,13 +5,15 @@
 //! Plugins report into a [`ServingBoard`] (latest state per Instance wins,
 //! so a flapping registration costs one write, not one per flap); one task
 //! writes the board out, read-modify-write guarded by `resourceVersion`,
-//! skipping writes that change nothing. It is off the Allocate path: a slow
-//! or unreachable API server delays the status, never a pod.
+//! up to 16 Instances at a time, skipping writes that change nothing. It
+//! is off the Allocate path: a slow or unreachable API server delays the
+//! status, never a pod.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -23,6 +25,9 @@ use tokio::sync::Notify;
 /// Conflicting writers (other nodes' agents) retried before the write is
 /// queued again.
 const CONFLICT_ATTEMPTS: usize = 5;
+/// Status writes in flight at once (kube-apiserver admits 200 mutating
+/// requests in flight by default).
+const WRITES_IN_FLIGHT: usize = 16;
 /// Wait after a failed write, doubling up to [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -80,10 +85,22 @@ pub(crate) async fn write_status(client: kube::Client, node: String, board: Serv
             board.wake.notified().await;
             continue;
         }
+        // Different Instances side by side, a bounded number at a time: a
+        // thousand plugins reporting at once wait for a few round trips,
+        // not a thousand. Each Instance appears once per batch.
+        let mut writes = futures::stream::iter(batch)
+            .map(|((ns, name), serving)| {
+                let api: Api<Instance> = Api::namespaced(client.clone(), &ns);
+                let node = node.as_str();
+                async move {
+                    let result = write_one(&api, node, &name, &serving).await;
+                    ((ns, name), serving, result)
+                }
+            })
+            .buffer_unordered(WRITES_IN_FLIGHT);
         let mut failed = false;
-        for ((ns, name), serving) in batch {
-            let api: Api<Instance> = Api::namespaced(client.clone(), &ns);
-            if let Err(e) = write_one(&api, &node, &name, &serving).await {
+        while let Some(((ns, name), serving, result)) = writes.next().await {
+            if let Err(e) = result {
                 tracing::warn!(instance = %name, error = %e, "writing Instance status failed; will retry");
                 board.retry((ns, name), serving);
                 failed = true;
