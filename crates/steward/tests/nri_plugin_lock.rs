@@ -89,7 +89,10 @@ async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     assert!(stderr.contains("Stop that one first"), "{stderr}");
     assert!(!stderr.contains("no NRI socket at"), "it dialled: {stderr}");
     // The first one is untouched.
-    assert!(first.try_wait().unwrap().is_none(), "the first plugin exited");
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first plugin exited"
+    );
 
     // SIGKILL: no goodbye, and still no stale lock.
     first.start_kill().unwrap();
