@@ -40,6 +40,17 @@ pub enum StateError {
     /// (a DaemonSet rollout overlapping two pods on one node).
     #[error("{path} is held by another steward agent (still stopping?)")]
     Busy { path: PathBuf },
+    /// The store was written by a newer steward: refused untouched.
+    #[error(
+        "{path} holds node store format {found}, written by a newer steward; this build reads format {supported}. Run that release (or a newer one) on this node: see docs/UPGRADES.md"
+    )]
+    NewerFormat {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("{path} holds node store format {found}, which no steward release wrote")]
+    UnknownFormat { path: PathBuf, found: u64 },
     #[error("{op}: {message}")]
     Db { op: &'static str, message: String },
     #[error("encoding {what}: {source}")]

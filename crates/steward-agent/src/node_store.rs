@@ -1,11 +1,16 @@
 //! The node's embedded store (a redb file in the state directory): persisted
 //! handler registrations, in standalone mode the Instances, and the node's
 //! durable slot-claim ledger.
+//!
+//! The store carries its format in a meta table ([`FORMAT`]). A store from
+//! before the marker (steward 0.1.0) holds format 1 and is stamped when
+//! opened; a store of a newer format is refused untouched, since an older
+//! agent skipping records it cannot decode would drop held slots.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use steward_api::Instance;
 use steward_core::discovery::HandlerKey;
 use steward_core::slots::Claim;
@@ -22,6 +27,16 @@ const INSTANCES: TableDefinition<&str, &str> = TableDefinition::new("instances")
 /// Slot claims of the node's durable ledger: slot id → JSON-encoded
 /// [`Claim`]. Created by the first claim write (read as empty before that).
 const SLOT_CLAIMS: TableDefinition<&str, &str> = TableDefinition::new("slot_claims");
+
+/// Meta table: `"format"` → the store's format.
+const META: TableDefinition<&str, u64> = TableDefinition::new("steward_meta");
+/// Key of the format in [`META`].
+const FORMAT_KEY: &str = "format";
+
+/// The format this build writes and reads. Bump it when a table or the
+/// encoding of a record changes, add a fixture written by the release
+/// before (tests/fixtures/node-store) and a migration step to [`migrate`].
+pub const FORMAT: u64 = 1;
 
 /// Outcome of [`NodeStore::put_claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +68,8 @@ impl NodeStore {
         let txn = db
             .begin_write()
             .map_err(|e| StateError::db("begin write", e))?;
+        // Dropping `txn` on an error aborts it: a refused store is untouched.
+        migrate(&txn, &path)?;
         txn.open_table(REGISTRATIONS)
             .map_err(|e| StateError::db("open registrations table", e))?;
         txn.open_table(INSTANCES)
@@ -87,6 +104,23 @@ impl NodeStore {
                 other => return other,
             }
         }
+    }
+
+    /// The format recorded in the store ([`FORMAT`] once opened).
+    pub fn format(&self) -> Result<Option<u64>, StateError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StateError::db("begin read", e))?;
+        let meta = match txn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(StateError::db("open meta table", e)),
+        };
+        Ok(meta
+            .get(FORMAT_KEY)
+            .map_err(|e| StateError::db("read format", e))?
+            .map(|g| g.value()))
     }
 
     /// Path of the store file.
@@ -281,6 +315,47 @@ impl NodeStore {
         f(&txn).map_err(|e| StateError::db("write", e))?;
         txn.commit().map_err(|e| StateError::db("commit", e))
     }
+}
+
+/// Reads the store's format and brings it to [`FORMAT`] inside `txn`.
+fn migrate(txn: &redb::WriteTransaction, path: &Path) -> Result<(), StateError> {
+    let mut meta = txn
+        .open_table(META)
+        .map_err(|e| StateError::db("open meta table", e))?;
+    let found = meta
+        .get(FORMAT_KEY)
+        .map_err(|e| StateError::db("read format", e))?
+        .map(|g| g.value());
+    match found {
+        Some(FORMAT) => return Ok(()),
+        Some(found) if found > FORMAT => {
+            return Err(StateError::NewerFormat {
+                path: path.to_path_buf(),
+                found,
+                supported: FORMAT,
+            });
+        }
+        Some(found) => {
+            // No format before 1 was ever written with a marker.
+            return Err(StateError::UnknownFormat {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
+        None => {}
+    }
+    let populated = txn
+        .list_tables()
+        .map_err(|e| StateError::db("list tables", e))?
+        .any(|t| t.name() != META.name());
+    if populated {
+        // Written before the marker existed: steward 0.1.0, whose tables
+        // and records are format 1.
+        tracing::info!(path = %path.display(), format = FORMAT, "node store from before format markers (steward 0.1.0); stamped");
+    }
+    meta.insert(FORMAT_KEY, FORMAT)
+        .map_err(|e| StateError::db("write format", e))?;
+    Ok(())
 }
 
 fn encode_key(key: &HandlerKey) -> Result<String, StateError> {

@@ -14,7 +14,11 @@ use tracing::{info, warn};
 
 use crate::error::ResmgrError;
 
-/// Current schema version of the cache file.
+/// Current schema version of the cache file. Bump it when the document's
+/// shape changes, add a fixture written by the release before
+/// (tests/fixtures/cache) and teach [`Cache::open`] to read it: a cache of
+/// an older version that is discarded makes the re-sync place running
+/// containers again. A newer version is refused ([`ResmgrError::CacheNewer`]).
 pub const SCHEMA_VERSION: u32 = 1;
 /// File name of the cache inside the state directory.
 pub const CACHE_FILE: &str = "resmgr-cache.json";
@@ -390,6 +394,15 @@ impl Cache {
         };
         let problem = match serde_json::from_slice::<VersionProbe>(&raw) {
             Err(e) => format!("not a cache document: {e}"),
+            // A newer release's cache: rebuilding from the runtime would
+            // place its containers again. Refused; the file stays.
+            Ok(p) if p.version > SCHEMA_VERSION => {
+                return Err(ResmgrError::CacheNewer {
+                    path,
+                    found: p.version,
+                    supported: SCHEMA_VERSION,
+                });
+            }
             Ok(p) if p.version != SCHEMA_VERSION => {
                 format!(
                     "schema version {} (this build reads {SCHEMA_VERSION})",

@@ -109,6 +109,20 @@ pub enum ResmgrError {
         #[source]
         source: Cause,
     },
+    /// The cache was written by a newer steward: refused untouched, since
+    /// rebuilding it from the runtime would place running containers again
+    /// (exclusive CPUs could move).
+    #[error(
+        "cache {path} holds format {found}, written by a newer steward; this build reads format {supported}. Run that release (or a newer one) on this node: see docs/UPGRADES.md"
+    )]
+    CacheNewer {
+        /// Cache file.
+        path: PathBuf,
+        /// The file's `version`.
+        found: u32,
+        /// What this build reads.
+        supported: u32,
+    },
     /// Reading or parsing the configuration failed.
     #[error("configuration {path}: {reason}")]
     Config {

@@ -10,14 +10,26 @@ use serde::Serialize;
 
 use crate::slot_keeper::ServedInstance;
 
-/// Version of the CDI specification written.
+/// Version of the CDI specification written (0.6.0 is the first with spec
+/// annotations).
 pub const CDI_VERSION: &str = "0.6.0";
+
+/// Spec annotation naming steward's format of the file: which devices a
+/// spec holds and how they are named (`steward.dev/<configuration>=
+/// <instance>`, one device per Instance, one file per Configuration).
+/// Files without it were written by steward 0.1.0, in format 1.
+pub const FORMAT_ANNOTATION: &str = "steward.dev/format";
+/// The format written. Bump it when the file name, the kind or the device
+/// names change, add a fixture written by the release before
+/// (tests/fixtures/cdi) and make the writer replace what the old one left.
+pub const FORMAT: &str = "1";
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
     pub cdi_version: String,
     pub kind: String,
+    pub annotations: BTreeMap<String, String>,
     pub devices: Vec<CdiDevice>,
 }
 
@@ -126,6 +138,7 @@ pub fn spec(
     Spec {
         cdi_version: CDI_VERSION.into(),
         kind: kind(configuration),
+        annotations: BTreeMap::from([(FORMAT_ANNOTATION.to_owned(), FORMAT.to_owned())]),
         devices,
     }
 }
@@ -185,6 +198,46 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// The spec 0.1.0 wrote for the same Instances
+    /// (tests/fixtures/cdi/v0.1.0): today's writer keeps its file name,
+    /// kind and every device's name and edits (a container created from
+    /// the old file resolves the same devices), adding only the format.
+    #[test]
+    fn the_spec_0_1_0_wrote_is_rewritten_with_the_same_devices_and_a_format() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cdi/v0.1.0/steward.dev-serial.json");
+        let old: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
+        let mut a = instance("serial-0b9e77");
+        a.configuration = "serial".into();
+        a.device_specs = vec![steward_api::InstanceDeviceSpec {
+            container_path: "/dev/ttyUSB0".into(),
+            host_path: "/dev/ttyUSB0".into(),
+            permissions: "rw".into(),
+        }];
+        a.mounts = vec![steward_api::InstanceMount {
+            container_path: "/etc/serial".into(),
+            host_path: "/etc/steward/serial".into(),
+            read_only: true,
+        }];
+        a.properties = BTreeMap::from([("SERIAL_PORT".to_string(), "/dev/ttyUSB0".to_string())]);
+        let b = instance("serial-77aa01");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(&fixture, spec_path(dir.path(), "serial")).unwrap();
+        write(dir.path(), "serial", &[&a, &b], &BTreeMap::new()).unwrap();
+        let mut new: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(spec_path(dir.path(), "serial")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(new["annotations"][FORMAT_ANNOTATION], FORMAT);
+        new.as_object_mut().unwrap().remove("annotations");
+        assert_eq!(new, old);
+        assert_eq!(
+            names(dir.path()),
+            vec!["steward.dev-serial.json".to_string()]
+        );
     }
 
     #[test]

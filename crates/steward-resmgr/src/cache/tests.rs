@@ -80,7 +80,7 @@ fn torn_or_foreign_files_are_moved_aside() {
     for content in [
         "{\"version\": 1, \"pods\": ".to_owned(),
         "garbage".to_owned(),
-        serde_json::json!({"version": 99, "whatever": true}).to_string(),
+        serde_json::json!({"version": 0, "whatever": true}).to_string(),
     ] {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join(CACHE_FILE), &content).unwrap();
@@ -95,6 +95,29 @@ fn torn_or_foreign_files_are_moved_aside() {
         c.save().unwrap();
         assert_eq!(Cache::open(t.path()).unwrap().1, LoadOutcome::Restored);
     }
+}
+
+#[test]
+fn a_cache_of_a_newer_version_is_refused_and_left_in_place() {
+    let t = tempfile::tempdir().unwrap();
+    let content = serde_json::json!({"version": SCHEMA_VERSION + 1, "pods": {"p": {}}}).to_string();
+    std::fs::write(t.path().join(CACHE_FILE), &content).unwrap();
+    let err = Cache::open(t.path()).unwrap_err();
+    assert!(
+        matches!(err, ResmgrError::CacheNewer { found, supported, .. }
+            if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("docs/UPGRADES.md"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(t.path().join(CACHE_FILE)).unwrap(),
+        content
+    );
+    assert_eq!(
+        std::fs::read_dir(t.path()).unwrap().count(),
+        1,
+        "nothing moved aside"
+    );
 }
 
 /// A crash can leave the cache at any length (a torn write on a file
