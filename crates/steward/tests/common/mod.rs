@@ -218,13 +218,25 @@ impl Proc {
         envs: &[(&str, OsString)],
         log: PathBuf,
     ) -> anyhow::Result<Self> {
+        Self::spawn_binary(name, Path::new(STEWARD), args, envs, log)
+    }
+
+    /// Starts `binary ARGS` (a copy of steward, e.g. one release of an
+    /// upgrade) with `envs`, logging to `log`.
+    pub fn spawn_binary(
+        name: &str,
+        binary: &Path,
+        args: &[OsString],
+        envs: &[(&str, OsString)],
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .with_context(|| format!("opening {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut cmd = Command::new(STEWARD);
+        let mut cmd = Command::new(binary);
         cmd.args(args)
             .env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -245,7 +257,7 @@ impl Proc {
         }
         let child = cmd
             .spawn()
-            .with_context(|| format!("starting {name}: {STEWARD} {args:?}"))?;
+            .with_context(|| format!("starting {name}: {} {args:?}", binary.display()))?;
         Ok(Self {
             name: name.to_string(),
             child: Some(child),
@@ -380,6 +392,12 @@ impl NodeDirs {
             "".into(),
             "--offline-grace".into(),
             grace.into(),
+            // Never the host's: kubelet's directory and the CDI spec
+            // directory of this node are the test's own.
+            "--kubelet-dir".into(),
+            self.dir.join(format!("{}-kubelet", self.name)).into(),
+            "--cdi-dir".into(),
+            self.dir.join(format!("{}-cdi", self.name)).into(),
         ];
         Proc::spawn(
             &format!("agent {}", self.name),
