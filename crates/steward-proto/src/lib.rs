@@ -187,6 +187,32 @@ mod tests {
         assert_eq!(b.map(|b| b.encode_to_vec()).ok(), Some(a.encode_to_vec()));
     }
 
+    /// Pod resources fields of kubelet 1.35–1.37 keep upstream's numbers:
+    /// ClaimResource.share_id is 5 (tag 0x2a); PodResources.cpu_ids is 4
+    /// (packed, tag 0x22) and .memory 5 (tag 0x2a).
+    #[test]
+    fn pod_resources_fields_of_kubelet_1_35_to_1_37_are_numbered_as_upstream() {
+        use super::podresources::v1::{ClaimResource, ContainerMemory, PodResources};
+        use prost::Message;
+        let c = ClaimResource {
+            share_id: Some("s".into()),
+            ..ClaimResource::default()
+        };
+        assert_eq!(c.encode_to_vec(), [0x2a, 0x01, b's']);
+        let p = PodResources {
+            cpu_ids: vec![3],
+            memory: vec![ContainerMemory {
+                memory_type: "m".into(),
+                ..ContainerMemory::default()
+            }],
+            ..PodResources::default()
+        };
+        assert_eq!(
+            p.encode_to_vec(),
+            [0x22, 0x01, 0x03, 0x2a, 0x03, 0x0a, 0x01, b'm']
+        );
+    }
+
     /// The DRA Device message keeps upstream's field numbers (4 is the CDI
     /// ids, 5 the optional share id).
     #[test]
