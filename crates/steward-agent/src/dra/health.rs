@@ -8,7 +8,7 @@
 //! then each change.
 //!
 //! kubelet reads it over two wire versions with one message shape
-//! (`v1alpha1` and `v1` `DRAResourceHealth`); [`super::health_wire`] turns a
+//! (`v1alpha1` and `v1` `DRAResourceHealth`); `health_wire` turns a
 //! [`Report`] into either, and nothing here knows the wire.
 
 use std::collections::BTreeMap;

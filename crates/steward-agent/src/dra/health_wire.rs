@@ -1,5 +1,5 @@
 //! The DRA resource health stream on the wire: one thin adapter per
-//! version kubelet dials, both over [`super::health::watch`].
+//! version kubelet dials, both over `health::watch`.
 //!
 //! * `v1alpha1.DRAResourceHealth` — kubelet 1.34–1.36 (feature gate
 //!   ResourceHealthStatus), which dial it whether or not it is advertised,
