@@ -661,7 +661,7 @@ async fn an_upstream_kubelet_client_sees_the_same_health_on_v1alpha1_and_v1() {
             device_name(&instance, n),
             "HEALTHY".to_owned(),
             String::new(),
-            0,
+            30, // three times the default resend period, 10 s
         )
     };
     let first_alpha = alpha.next("v1alpha1").await;
@@ -684,11 +684,71 @@ async fn an_upstream_kubelet_client_sees_the_same_health_on_v1alpha1_and_v1() {
             device_name(&instance, n),
             "UNHEALTHY".to_owned(),
             "the device is gone from this node".to_owned(),
-            0,
+            30,
         )
     };
     assert_eq!(states(&gone_alpha), [unhealthy(0), unhealthy(1)]);
     assert_eq!(states(&gone_v1), states(&gone_alpha));
+    agent.stop().await.unwrap();
+}
+
+/// kubelet counts a device's health Unknown once no report named it for
+/// its health timeout, so a quiet stream sends the same state again every
+/// `health_resend`, each report saying it is stale after three periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_health_stream_repeats_the_state_before_kubelet_forgets_it() {
+    use steward_proto::dra_health::v1;
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let mut dra = DraPluginConfig::new(&node.root);
+    dra.health_resend = std::time::Duration::from_millis(300);
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 1),
+    )
+    .await;
+    instance_of(&server, "cams", &["node-a"]).await;
+    let mut health = v1::dra_resource_health_client::DraResourceHealthClient::new(
+        channel(&dra.plugin_socket()).await,
+    )
+    .node_watch_resources(v1::NodeWatchResourcesRequest {})
+    .await
+    .unwrap()
+    .into_inner();
+    let first = loop {
+        let m = tokio::time::timeout(WAIT, health.message())
+            .await
+            .expect("the device in the health stream")
+            .unwrap()
+            .unwrap();
+        if m.devices.len() == 1 {
+            break m;
+        }
+    };
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        let again = tokio::time::timeout(WAIT, health.message())
+            .await
+            .expect("the state again while nothing changes")
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.devices.len(), 1);
+        let (a, b) = (&again.devices[0], &first.devices[0]);
+        assert_eq!(
+            (&a.device, a.health, &a.message),
+            (&b.device, b.health, &b.message)
+        );
+        assert!(a.last_updated_time >= b.last_updated_time);
+        // 3 × 300 ms, in whole seconds.
+        assert_eq!(a.health_check_timeout_seconds, 1);
+    }
+    // Three repeats take about three periods, not a burst.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(800));
     agent.stop().await.unwrap();
 }
 

@@ -5,7 +5,12 @@
 //! healthy while its Instance's device is present and usable here,
 //! unhealthy (with the reason) otherwise — a device that left this node
 //! entirely stays in the stream as unhealthy. The current state first,
-//! then each change.
+//! then each change, and the whole state again every `resend` when nothing
+//! changed: kubelet counts a device's health as Unknown once no report has
+//! named it for its health timeout (30 s by default, the device's
+//! `health_check_timeout_seconds` from 1.35), so a quiet stream would turn
+//! every device Unknown in the pod's status. Each report states that
+//! timeout as [`stale_after`] the resend period.
 //!
 //! kubelet reads it over two wire versions with one message shape
 //! (`v1alpha1` and `v1` `DRAResourceHealth`); `health_wire` turns a
@@ -13,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Weak;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::Stream;
 use steward_core::dra::{device_name, pool_of};
@@ -63,7 +68,16 @@ pub(crate) type DeviceId = (String, String);
 pub(crate) struct Report {
     /// Unix seconds of when the health was determined.
     pub at: i64,
+    /// After how long without a new report kubelet should stop trusting
+    /// this one.
+    pub stale_after: Duration,
     pub devices: BTreeMap<DeviceId, DeviceHealth>,
+}
+
+/// How long a report stays true when steward sends one every `resend`:
+/// three periods, so one late report does not make a device Unknown.
+pub(crate) fn stale_after(resend: Duration) -> Duration {
+    resend.saturating_mul(3)
 }
 
 /// The agent is going away; no stream can start.
@@ -123,33 +137,51 @@ fn unix_now() -> i64 {
 }
 
 /// The health of this node's devices: the current state first, then one
-/// report per change; ends when the agent goes away.
+/// report per change, or the same state again after `resend` without one;
+/// ends when the agent goes away.
 pub(crate) fn watch<L: ClaimStore, C: ClaimStore>(
     core: Weak<SlotKeeper<L, C>>,
+    resend: Duration,
 ) -> Result<impl Stream<Item = Report> + Send + 'static, ShuttingDown> {
     let changes = core.upgrade().ok_or(ShuttingDown)?.generations();
+    // (last state sent, when it was sent)
+    let sent: Option<(Snapshot, tokio::time::Instant)> = None;
     Ok(futures::stream::unfold(
-        (core, changes, None::<Snapshot>),
-        |(core, mut changes, mut last)| async move {
+        (core, changes, sent),
+        move |(core, mut changes, mut sent)| async move {
             loop {
-                if last.is_some() {
-                    changes.changed().await.ok()?;
-                }
+                // The state is due again `resend` after it was last sent,
+                // however often the agent's state changes meanwhile without
+                // changing any device's health.
+                let due = match &sent {
+                    None => true,
+                    Some((_, at)) => {
+                        let deadline = *at + resend;
+                        match tokio::time::timeout_at(deadline, changes.changed()).await {
+                            Ok(changed) => {
+                                changed.ok()?;
+                                tokio::time::Instant::now() >= deadline
+                            }
+                            Err(_quiet) => true,
+                        }
+                    }
+                };
                 let keeper = core.upgrade()?;
                 let mut now = snapshot(&keeper).await;
                 drop(keeper);
                 // Devices that left this node stay, unhealthy.
-                for key in last.iter().flat_map(|l| l.keys()) {
+                for key in sent.iter().flat_map(|(l, _)| l.keys()) {
                     now.entry(key.clone())
                         .or_insert(DeviceHealth::Unhealthy(Unhealthy::Gone));
                 }
-                if last.as_ref() != Some(&now) {
+                if due || sent.as_ref().map(|(l, _)| l) != Some(&now) {
                     let report = Report {
                         at: unix_now(),
+                        stale_after: stale_after(resend),
                         devices: now.clone(),
                     };
-                    last = Some(now);
-                    return Some((report, (core, changes, last)));
+                    sent = Some((now, tokio::time::Instant::now()));
+                    return Some((report, (core, changes, sent)));
                 }
             }
         },

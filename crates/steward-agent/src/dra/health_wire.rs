@@ -8,9 +8,9 @@
 //!
 //! The two carry the same messages under different packages. Typed health
 //! becomes wire messages only here: Healthy/Unhealthy as the enum, the
-//! reason as `message` (empty when healthy); `health_check_timeout_seconds`
-//! stays 0 (kubelet's default), as steward has no check period of its own —
-//! it reports each change as it happens.
+//! reason as `message` (empty when healthy), the report's `stale_after` as
+//! `health_check_timeout_seconds` (whole seconds, at least 1; kubelet 1.34
+//! ignores it and uses its 30 s).
 
 /// Generates module `$v`: the adapter `Health` for the health API in
 /// `steward_proto::dra_health::$v`, and `wire`, its conversion.
@@ -30,10 +30,13 @@ macro_rules! health_adapter {
 
             pub(crate) struct Health<L, C> {
                 pub core: Weak<SlotKeeper<L, C>>,
+                /// The state is sent again after this long without a change.
+                pub resend: std::time::Duration,
             }
 
             /// A report as this version's message.
             pub(crate) fn wire(report: Report) -> wire::NodeWatchResourcesResponse {
+                let timeout = super::whole_seconds(report.stale_after);
                 wire::NodeWatchResourcesResponse {
                     devices: report
                         .devices
@@ -52,7 +55,7 @@ macro_rules! health_adapter {
                                 }),
                                 health: health as i32,
                                 last_updated_time: report.at,
-                                health_check_timeout_seconds: 0,
+                                health_check_timeout_seconds: timeout,
                                 message: message.to_owned(),
                             }
                         })
@@ -74,13 +77,20 @@ macro_rules! health_adapter {
                     &self,
                     _request: Request<wire::NodeWatchResourcesRequest>,
                 ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-                    let reports =
-                        watch(self.core.clone()).map_err(|e| Status::unavailable(e.to_string()))?;
+                    let reports = watch(self.core.clone(), self.resend)
+                        .map_err(|e| Status::unavailable(e.to_string()))?;
                     Ok(Response::new(Box::pin(reports.map(|r| Ok(wire(r))))))
                 }
             }
         }
     };
+}
+
+/// A timeout in whole seconds, rounded up, at least 1 (0 would mean
+/// kubelet's default).
+fn whole_seconds(d: std::time::Duration) -> i64 {
+    let up = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(up.max(1)).unwrap_or(i64::MAX)
 }
 
 health_adapter!(v1alpha1);
@@ -97,6 +107,7 @@ mod tests {
     fn report() -> Report {
         Report {
             at: 1_700_000_000,
+            stale_after: std::time::Duration::from_secs(30),
             devices: BTreeMap::from([
                 (("p".to_owned(), "a".to_owned()), DeviceHealth::Healthy),
                 (
@@ -118,14 +129,35 @@ mod tests {
         let got: Vec<_> = m
             .devices
             .iter()
-            .map(|d| (d.health, d.message.as_str(), d.last_updated_time))
+            .map(|d| {
+                (
+                    d.health,
+                    d.message.as_str(),
+                    d.last_updated_time,
+                    d.health_check_timeout_seconds,
+                )
+            })
             .collect();
         assert_eq!(
             got,
             [
-                (1, "", 1_700_000_000),
-                (2, "the device is not present on this node", 1_700_000_000)
+                (1, "", 1_700_000_000, 30),
+                (
+                    2,
+                    "the device is not present on this node",
+                    1_700_000_000,
+                    30
+                )
             ]
         );
+    }
+
+    #[test]
+    fn timeouts_are_whole_seconds_rounded_up() {
+        use std::time::Duration;
+        assert_eq!(super::whole_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(super::whole_seconds(Duration::from_millis(600)), 1);
+        assert_eq!(super::whole_seconds(Duration::from_millis(1_500)), 2);
+        assert_eq!(super::whole_seconds(Duration::ZERO), 1);
     }
 }

@@ -88,6 +88,10 @@ pub struct DraPluginConfig {
     /// How often the claims holding slots are read back, to release those
     /// gone from the API ([`super::gc`]).
     pub gc_interval: Duration,
+    /// After how long without a change the health stream sends the state
+    /// again (kubelet forgets a device's health 30 s after the last report
+    /// naming it).
+    pub health_resend: Duration,
 }
 
 impl DraPluginConfig {
@@ -99,6 +103,7 @@ impl DraPluginConfig {
             poll: Duration::from_millis(200),
             op_timeout: Duration::from_secs(5),
             gc_interval: Duration::from_secs(60),
+            health_resend: Duration::from_secs(10),
         }
     }
 
@@ -318,8 +323,14 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
             client: client.clone(),
             op_timeout: config.op_timeout,
         };
-        let health_v1 = super::health_wire::v1::Health { core: core.clone() };
-        let health_v1alpha1 = super::health_wire::v1alpha1::Health { core: core.clone() };
+        let health_v1 = super::health_wire::v1::Health {
+            core: core.clone(),
+            resend: config.health_resend,
+        };
+        let health_v1alpha1 = super::health_wire::v1alpha1::Health {
+            core: core.clone(),
+            resend: config.health_resend,
+        };
         let plugin = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(
