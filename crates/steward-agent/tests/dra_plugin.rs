@@ -130,10 +130,7 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, "steward.dev");
-    assert_eq!(
-        info.supported_versions,
-        ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
-    );
+    assert_eq!(info.supported_versions, SUPPORTED_SERVICES);
     assert_eq!(Path::new(&info.endpoint), dra.plugin_socket());
     reg.notify_registration_status(RegistrationStatus {
         plugin_registered: true,
@@ -352,9 +349,35 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     agent.stop().await.unwrap();
 }
 
+/// What GetInfo must list, in this order: the DRAPlugin service kubelet
+/// picks (the first it knows; steward serves no v1beta1.DRAPlugin), then
+/// the health services, v1 first (kubelet 1.37 takes the first it knows;
+/// 1.34–1.36 dial v1alpha1 regardless).
+const SUPPORTED_SERVICES: [&str; 3] = [
+    "v1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+];
+
+/// Whether this run is CI's, where a missing peer fails instead of
+/// skipping.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A peer that cannot run: a loud skip, or under CI a failure.
+fn skip(why: &str) {
+    assert!(
+        !in_ci(),
+        "{why}: CI must run this test (scripts/test installs python3's grpcio and grpcio-tools)"
+    );
+    println!("SKIPPED: {why}");
+}
+
 /// One call from Python grpcio (gRPC C-core, as some kubelet-side tools
 /// and monitoring agents are) over a unix socket: the response bytes, or
-/// `None` (after saying why) when python3 or grpcio is missing.
+/// `None` (after saying why; under CI it fails instead) when python3 or
+/// grpcio is missing.
 fn grpcio(
     socket: &Path,
     method: &str,
@@ -378,13 +401,13 @@ fn grpcio(
     {
         Ok(o) => o,
         Err(e) => {
-            println!("SKIPPED: python3 cannot be run ({e})");
+            skip(&format!("python3 cannot be run ({e})"));
             return None;
         }
     };
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if out.status.code() == Some(3) {
-        println!("SKIPPED: grpcio is not installed ({})", stdout.trim());
+        skip(&format!("grpcio is not installed ({})", stdout.trim()));
         return None;
     }
     assert!(
@@ -445,6 +468,7 @@ async fn a_grpc_core_client_gets_info_prepares_watches_health_and_unprepares() {
         (info.r#type.as_str(), info.name.as_str()),
         ("DRAPlugin", "steward.dev")
     );
+    assert_eq!(info.supported_versions, SUPPORTED_SERVICES);
     let socket = Path::new(&info.endpoint).to_path_buf();
 
     let dev0 = device_name(&instance, 0);
@@ -485,6 +509,246 @@ async fn a_grpc_core_client_gets_info_prepares_watches_health_and_unprepares() {
     let unprepared = NodeUnprepareResourcesResponse::decode(unprepared.as_slice()).unwrap();
     assert_eq!(unprepared.claims[&uid].error, "");
     wait_released(&server, &format!("{instance}-0")).await;
+    agent.stop().await.unwrap();
+}
+
+/// The kubelet-side client of `fixtures/kubelet-dra-client`: grpcio with
+/// stubs generated from kubelet's own protos. `None` (after a loud skip;
+/// under CI a failure) when python3, grpcio or grpcio-tools is missing.
+fn kubelet_client() -> Option<std::process::Command> {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip(
+            "python3 with grpcio and grpcio-tools not found; the upstream kubelet client did not run",
+        );
+        return None;
+    }
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kubelet-dra-client/kubelet_dra_client.py"),
+    );
+    Some(cmd)
+}
+
+/// One device as the upstream client decoded it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+struct UpstreamHealth {
+    pool: String,
+    device: String,
+    health: String,
+    message: String,
+    last_updated_time: i64,
+    health_check_timeout_seconds: i64,
+}
+
+impl UpstreamHealth {
+    /// What kubelet keeps of it, less the time it was sent.
+    fn state(&self) -> (String, String, String, String, i64) {
+        (
+            self.pool.clone(),
+            self.device.clone(),
+            self.health.clone(),
+            self.message.clone(),
+            self.health_check_timeout_seconds,
+        )
+    }
+}
+
+/// A running `watch` of the upstream client, read line by line.
+struct UpstreamWatch {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl UpstreamWatch {
+    fn start(mut cmd: std::process::Command, socket: &Path, version: &str) -> Self {
+        cmd.arg("watch").arg(socket).arg(version).arg("60");
+        let mut child = tokio::process::Command::from(cmd)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Self {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        }
+    }
+
+    async fn next(&mut self, version: &str) -> Vec<UpstreamHealth> {
+        let line = tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{version}: no health update in time"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{version}: the client ended early"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{version}: {line}: {e}"))
+    }
+
+    /// Every update up to the first with an unhealthy device (the client
+    /// exits after it), the last one returned.
+    async fn until_unhealthy(mut self, version: &str) -> Vec<UpstreamHealth> {
+        let mut last = Vec::new();
+        while let Ok(Some(line)) = tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{version}: no unhealthy update in time"))
+        {
+            last = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{version}: {line}: {e}"));
+        }
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{version}: the client exited {status}");
+        last
+    }
+}
+
+/// The bar of issue 23: a DRA kubelet client built from kubelet's own
+/// protos (not steward's) reads the same device health from both health
+/// versions, healthy at first and then unhealthy with the reason, and
+/// GetInfo lists the services in the order kubelet chooses by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_kubelet_client_sees_the_same_health_on_v1alpha1_and_v1() {
+    let Some(client) = kubelet_client() else {
+        return;
+    };
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let dra = DraPluginConfig::new(&node.root);
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 2),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    channel(&dra.registration_socket()).await;
+
+    // GetInfo through upstream's pluginregistration stubs.
+    let mut info = kubelet_client().unwrap();
+    let out = info
+        .arg("info")
+        .arg(dra.registration_socket())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "info: {stdout}");
+    let info: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(info["type"], "DRAPlugin");
+    assert_eq!(
+        info["supported_versions"],
+        serde_json::json!(SUPPORTED_SERVICES)
+    );
+    let socket = Path::new(info["endpoint"].as_str().unwrap()).to_path_buf();
+
+    // Both versions at once, as a 1.36 kubelet (v1alpha1) and a 1.37 one
+    // (v1) would dial the same driver.
+    let mut alpha = UpstreamWatch::start(client, &socket, "v1alpha1");
+    let mut v1 = UpstreamWatch::start(kubelet_client().unwrap(), &socket, "v1");
+    let states = |m: &[UpstreamHealth]| m.iter().map(UpstreamHealth::state).collect::<Vec<_>>();
+    let healthy = |n: u32| {
+        (
+            "node-a".to_owned(),
+            device_name(&instance, n),
+            "HEALTHY".to_owned(),
+            String::new(),
+            30, // three times the default resend period, 10 s
+        )
+    };
+    let first_alpha = alpha.next("v1alpha1").await;
+    let first_v1 = v1.next("v1").await;
+    assert_eq!(states(&first_alpha), [healthy(0), healthy(1)]);
+    assert_eq!(states(&first_v1), states(&first_alpha));
+    assert!(first_v1.iter().all(|d| d.last_updated_time > 0));
+
+    // The devices leave the node: both streams say so, with the reason.
+    let configs: Api<steward_api::Configuration> = Api::namespaced(server.client(), NS);
+    configs
+        .delete("cams", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let gone_alpha = alpha.until_unhealthy("v1alpha1").await;
+    let gone_v1 = v1.until_unhealthy("v1").await;
+    let unhealthy = |n: u32| {
+        (
+            "node-a".to_owned(),
+            device_name(&instance, n),
+            "UNHEALTHY".to_owned(),
+            "the device is gone from this node".to_owned(),
+            30,
+        )
+    };
+    assert_eq!(states(&gone_alpha), [unhealthy(0), unhealthy(1)]);
+    assert_eq!(states(&gone_v1), states(&gone_alpha));
+    agent.stop().await.unwrap();
+}
+
+/// kubelet counts a device's health Unknown once no report named it for
+/// its health timeout, so a quiet stream sends the same state again every
+/// `health_resend`, each report saying it is stale after three periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_health_stream_repeats_the_state_before_kubelet_forgets_it() {
+    use steward_proto::dra_health::v1;
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+    let mut dra = DraPluginConfig::new(&node.root);
+    dra.health_resend = std::time::Duration::from_millis(300);
+    cfg.dra_plugin = Some(dra.clone());
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 1),
+    )
+    .await;
+    instance_of(&server, "cams", &["node-a"]).await;
+    let mut health = v1::dra_resource_health_client::DraResourceHealthClient::new(
+        channel(&dra.plugin_socket()).await,
+    )
+    .node_watch_resources(v1::NodeWatchResourcesRequest {})
+    .await
+    .unwrap()
+    .into_inner();
+    let first = loop {
+        let m = tokio::time::timeout(WAIT, health.message())
+            .await
+            .expect("the device in the health stream")
+            .unwrap()
+            .unwrap();
+        if m.devices.len() == 1 {
+            break m;
+        }
+    };
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        let again = tokio::time::timeout(WAIT, health.message())
+            .await
+            .expect("the state again while nothing changes")
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.devices.len(), 1);
+        let (a, b) = (&again.devices[0], &first.devices[0]);
+        assert_eq!(
+            (&a.device, a.health, &a.message),
+            (&b.device, b.health, &b.message)
+        );
+        assert!(a.last_updated_time >= b.last_updated_time);
+        // 3 × 300 ms, in whole seconds.
+        assert_eq!(a.health_check_timeout_seconds, 1);
+    }
+    // Three repeats take about three periods, not a burst.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(800));
     agent.stop().await.unwrap();
 }
 

@@ -58,6 +58,9 @@ pub fn pod_resources(p: &PodAssignments) -> wire::PodResources {
     wire::PodResources {
         name: p.pod.name.clone(),
         namespace: p.pod.namespace.clone(),
+        // No pod-level exclusive CPUs or memory in steward (kubelet 1.37+).
+        cpu_ids: Vec::new(),
+        memory: Vec::new(),
         containers: p
             .containers
             .iter()
@@ -92,6 +95,8 @@ pub fn pod_resources(p: &PodAssignments) -> wire::PodResources {
                                 driver_name: r.driver_name.clone(),
                                 pool_name: r.pool_name.clone(),
                                 device_name: r.device_name.clone(),
+                                // steward hands out no DRA share IDs.
+                                share_id: None,
                             })
                             .collect(),
                     })

@@ -411,6 +411,7 @@ pub(crate) fn dynamic_resources(
                     driver_name: driver.clone(),
                     pool_name: d.pool_name.clone(),
                     device_name: d.device_name.clone(),
+                    share_id: None, // the stand-in keeps no share IDs
                 })
             })
             .collect();

@@ -70,6 +70,7 @@ pub(crate) fn pod_resources(state: &State, pod: &PodStatus) -> PodResources {
         name: pod.spec.name.clone(),
         namespace: pod.spec.namespace.clone(),
         containers,
+        ..Default::default() // no pod-level exclusive CPUs or memory
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! * **Registration** on `<kubelet>/plugins_registry/steward.dev-reg.sock`
 //!   (`pluginregistration.Registration`): GetInfo answers type
-//!   [`PLUGIN_TYPE`], the driver name, the DRA socket and the service
-//!   version [`SERVICE_VERSION`]; NotifyRegistrationStatus marks the plugin
-//!   ready (or logs kubelet's refusal).
+//!   [`PLUGIN_TYPE`], the driver name, the DRA socket and the services
+//!   served there, [`SUPPORTED_SERVICES`]; NotifyRegistrationStatus marks
+//!   the plugin ready (or logs kubelet's refusal).
 //! * **DRAPlugin** (`k8s.io.kubelet.pkg.apis.dra.v1`) on
 //!   `<kubelet>/plugins/steward.dev/dra.sock`: NodePrepareResources reads
 //!   each claim's allocation from the API and prepares its devices on the
@@ -13,8 +13,8 @@
 //!   devices; NodeUnprepareResources frees exactly what the claim holds.
 //!   Batch semantics: one answer per claim UID, each with its own error;
 //!   one claim failing disturbs no other.
-//! * **DRAResourceHealth** (`v1alpha1`) on the same socket: device health
-//!   from discovery, streamed (see `health`).
+//! * **DRAResourceHealth**, `v1` and `v1alpha1`, on the same socket: device
+//!   health from discovery, streamed (see `health` and `health_wire`).
 //!
 //! Both sockets are re-bound if they disappear. Unprepare of a claim that
 //! holds nothing answers success: kubelet retries an unprepare error until
@@ -34,7 +34,7 @@ use steward_proto::dra::v1::{
     NodeUnprepareResourcesResponse,
     dra_plugin_server::{DraPlugin, DraPluginServer},
 };
-use steward_proto::dra_health::v1alpha1::dra_resource_health_server::DraResourceHealthServer;
+use steward_proto::dra_health::{v1 as health_v1, v1alpha1 as health_v1alpha1};
 use steward_proto::pluginregistration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
@@ -50,8 +50,18 @@ use crate::slot_keeper::SlotKeeper;
 /// The plugin type kubelet's plugin watcher routes to its DRA manager, and
 /// the gRPC service kubelet 1.34+ calls, as listed in `supported_versions`.
 pub use steward_proto::dra::v1::{PLUGIN_TYPE, SERVICE_VERSION};
-/// The health service version, also listed.
-pub use steward_proto::dra_health::v1alpha1::SERVICE_VERSION as HEALTH_SERVICE_VERSION;
+
+/// `PluginInfo.supported_versions`: every gRPC service on the DRA socket,
+/// as `<package>.<service>`. kubelet takes the first DRAPlugin entry it
+/// knows, so `v1.DRAPlugin` leads (steward serves no `v1beta1.DRAPlugin`;
+/// every kubelet from 1.34 knows v1). kubelet 1.37 picks the health stream
+/// from this list, v1 before v1alpha1; 1.34–1.36 dial v1alpha1 without
+/// looking at it.
+pub const SUPPORTED_SERVICES: [&str; 3] = [
+    SERVICE_VERSION,
+    health_v1::SERVICE_VERSION,
+    health_v1alpha1::SERVICE_VERSION,
+];
 /// File name of the registration socket in kubelet's `plugins_registry`.
 pub const REGISTRATION_SOCKET: &str = "steward.dev-reg.sock";
 /// File name of the DRA socket in `<kubelet>/plugins/steward.dev/`.
@@ -78,6 +88,10 @@ pub struct DraPluginConfig {
     /// How often the claims holding slots are read back, to release those
     /// gone from the API ([`super::gc`]).
     pub gc_interval: Duration,
+    /// After how long without a change the health stream sends the state
+    /// again (kubelet forgets a device's health 30 s after the last report
+    /// naming it).
+    pub health_resend: Duration,
 }
 
 impl DraPluginConfig {
@@ -89,6 +103,7 @@ impl DraPluginConfig {
             poll: Duration::from_millis(200),
             op_timeout: Duration::from_secs(5),
             gc_interval: Duration::from_secs(60),
+            health_resend: Duration::from_secs(10),
         }
     }
 
@@ -113,10 +128,7 @@ impl Registration for Registrar {
             r#type: PLUGIN_TYPE.to_owned(),
             name: DRIVER.to_owned(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![
-                SERVICE_VERSION.to_owned(),
-                HEALTH_SERVICE_VERSION.to_owned(),
-            ],
+            supported_versions: SUPPORTED_SERVICES.map(str::to_owned).to_vec(),
         }))
     }
 
@@ -311,7 +323,14 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
             client: client.clone(),
             op_timeout: config.op_timeout,
         };
-        let health = super::health::Health { core: core.clone() };
+        let health_v1 = super::health_wire::v1::Health {
+            core: core.clone(),
+            resend: config.health_resend,
+        };
+        let health_v1alpha1 = super::health_wire::v1alpha1::Health {
+            core: core.clone(),
+            resend: config.health_resend,
+        };
         let plugin = AbortOnDropHandle::new(tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(
@@ -319,7 +338,14 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
-                .add_service(DraResourceHealthServer::new(health))
+                .add_service(
+                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(health_v1),
+                )
+                .add_service(
+                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                        health_v1alpha1,
+                    ),
+                )
                 .serve_with_incoming(UnixIncoming::with_authority_fix(plugin_listener))
                 .await;
             if let Err(e) = served {

@@ -7,8 +7,9 @@
 //! * [`kubelet`]: the kubelet plugin — registration on kubelet's
 //!   `plugins_registry` and the `v1.DRAPlugin` service
 //!   (NodePrepareResources / NodeUnprepareResources).
-//! * `health`: device health on kubelet's DRA resource health stream
-//!   (`v1alpha1.DRAResourceHealth`, served on the same socket).
+//! * `health`: device health for kubelet's DRA resource health stream,
+//!   typed; `health_wire`: its two wire versions, `v1.DRAResourceHealth`
+//!   and `v1alpha1.DRAResourceHealth`, served on the same socket.
 //! * [`gc`]: the safety net under unprepare (holds of claims gone from the
 //!   API are released).
 //! * [`claims`]: reading an allocated ResourceClaim (its devices of this
@@ -17,13 +18,14 @@
 pub mod claims;
 pub mod gc;
 mod health;
+mod health_wire;
 pub mod kubelet;
 mod prepare;
 pub mod slices;
 
 pub use kubelet::{
-    DraPluginConfig, HEALTH_SERVICE_VERSION, PLUGIN_SOCKET, PLUGIN_TYPE, REGISTRATION_SOCKET,
-    SERVICE_VERSION,
+    DraPluginConfig, PLUGIN_SOCKET, PLUGIN_TYPE, REGISTRATION_SOCKET, SERVICE_VERSION,
+    SUPPORTED_SERVICES,
 };
 pub use prepare::{AllocatedDevice, PrepareError, PreparedDevice};
 pub use slices::{SlicePublisher, WRITER_LABEL, publish, writer_label};

@@ -319,6 +319,7 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            ..Default::default()
         }];
         let t = table(&HEADERS, &rows(&pods, false));
         let lines: Vec<&str> = t.lines().collect();
@@ -342,6 +343,7 @@ mod tests {
                 name: "web".into(),
                 namespace: "apps".into(),
                 containers: vec![container("main")],
+                ..Default::default()
             }],
         };
         let line = event_line(&e);
