@@ -100,6 +100,24 @@ mod tests {
         }
     }
 
+    /// The path to a next CRD version (docs/UPGRADES.md) starts from one
+    /// storage version per CRD, served, named like the API group's.
+    #[test]
+    fn every_crd_has_exactly_one_storage_version() {
+        for path in COMMITTED {
+            let text = std::fs::read_to_string(path).unwrap();
+            let docs: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text).unwrap();
+            assert_eq!(docs.len(), 4, "{path}");
+            for crd in docs {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                let stored: Vec<_> = crd.spec.versions.iter().filter(|v| v.storage).collect();
+                assert_eq!(stored.len(), 1, "{name}: one storage version");
+                assert!(stored[0].served, "{name}: the storage version is served");
+                assert_eq!(stored[0].name, VERSION, "{name}");
+            }
+        }
+    }
+
     #[test]
     fn yaml_parses_back_into_the_same_crds() {
         let yaml = crds_yaml().unwrap();
