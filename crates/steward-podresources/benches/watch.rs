@@ -19,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use steward_core::cpu::CpuSet;
 use steward_core::ledger::{PodAssignments, PodRef, Source};
-use steward_podresources::serve::{ServeOptions, serve};
+use steward_nodeio::AuthorityMode;
+use steward_podresources::serve::{ServeOptions, serve_with_authority};
 use steward_podresources::{Hub, PodResourcesMetrics, WatchLimits};
 use steward_proto::podresources::v1 as wire;
 use steward_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
@@ -27,6 +28,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::Channel;
 
 const CHILD: &str = "STEWARD_BENCH_PODRESOURCES_SERVER";
+
+/// Set in a server child's environment: serve with the `:authority` fix off.
+const AUTHORITY_OFF: &str = "STEWARD_BENCH_AUTHORITY_FIX_OFF";
 
 fn smoke() -> bool {
     std::env::var_os("STEWARD_BENCH_SMOKE").is_some()
@@ -67,10 +71,12 @@ async fn child(socket: PathBuf) {
         PodResourcesMetrics::default(),
     );
     let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(serve(
+    let authority = AuthorityMode::fix_if(std::env::var_os(AUTHORITY_OFF).is_none());
+    tokio::spawn(serve_with_authority(
         hub.clone(),
         listener,
         ServeOptions { qps: 0.0, burst: 1 },
+        authority,
         cancel.clone(),
     ));
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -172,6 +178,28 @@ async fn time_lists(c: &mut PodResourcesListerClient<Channel>, n: usize) -> Vec<
     out
 }
 
+/// Starts the server child on `socket` (`:authority` fix on or off).
+async fn spawn_child(socket: &Path, fix: bool) -> Child {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
+    cmd.env(CHILD, socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if !fix {
+        cmd.env(AUTHORITY_OFF, "1");
+    }
+    let mut proc = cmd.spawn().unwrap();
+    let stdin = proc.stdin.take().unwrap();
+    let stdout = BufReader::new(proc.stdout.take().unwrap()).lines();
+    let mut child = Child {
+        proc,
+        stdin,
+        stdout,
+    };
+    assert_eq!(child.stdout.next_line().await.unwrap().unwrap(), "ready");
+    child
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if let Some(socket) = std::env::var_os(CHILD) {
@@ -181,31 +209,27 @@ async fn main() {
     let smoke = smoke();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("pr.sock");
-    let mut proc = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .env(CHILD, &socket)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdin = proc.stdin.take().unwrap();
-    let stdout = BufReader::new(proc.stdout.take().unwrap()).lines();
-    let mut child = Child {
-        proc,
-        stdin,
-        stdout,
-    };
-    assert_eq!(child.stdout.next_line().await.unwrap().unwrap(), "ready");
+    let mut child = spawn_child(&socket, true).await;
+    // The same server with the `:authority` fix off, side by side.
+    let socket_off = dir.path().join("pr-off.sock");
+    let mut child_off = spawn_child(&socket_off, false).await;
 
-    // 1. List: empty (floor) and 250 pods × 4 containers, alternating blocks.
+    // 1. List: empty (floor) and 250 pods × 4 containers, alternating
+    // blocks, on both servers.
     let (rounds, per) = if smoke { (1, 20) } else { (5, 400) };
     let mut c = client(&socket).await;
+    let mut c_off = client(&socket_off).await;
     let (mut empty, mut full) = (Vec::new(), Vec::new());
+    let (mut empty_off, mut full_off) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         child.ask("clear").await;
+        child_off.ask("clear").await;
         empty.extend(time_lists(&mut c, per).await);
+        empty_off.extend(time_lists(&mut c_off, per).await);
         child.ask("fill 250").await;
+        child_off.ask("fill 250").await;
         full.extend(time_lists(&mut c, per).await);
+        full_off.extend(time_lists(&mut c_off, per).await);
     }
     let (e50, e99, _) = summary(empty);
     let (f50, f99, fmax) = summary(full);
@@ -214,6 +238,14 @@ async fn main() {
         f50 / e50,
         f99 / e99
     );
+    let (oe50, oe99, _) = summary(empty_off);
+    let (of50, of99, ofmax) = summary(full_off);
+    println!(
+        "list/250x4 authority-fix-off p50={of50:.0}us p99={of99:.0}us max={ofmax:.0}us | empty list p50={oe50:.0}us p99={oe99:.0}us | fix on/off p50: full {:.2}, empty {:.2}",
+        f50 / of50,
+        e50 / oe50
+    );
+    drop(child_off);
 
     // 3a. RSS with no watcher (250 pods held).
     let rss0: u64 = child.ask("rss").await.parse().unwrap();

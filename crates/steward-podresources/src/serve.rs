@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use steward_nodeio::UnixIncoming;
+use steward_nodeio::{AuthorityMode, UnixIncoming};
 use steward_proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
@@ -32,11 +32,24 @@ impl Default for ServeOptions {
     }
 }
 
-/// Serves until `cancel`, then closes every stream.
+/// Serves until `cancel`, then closes every stream. The `:authority` fix
+/// is on: third-party clients (gRPC C-core among them) dial this socket.
 pub async fn serve(
     hub: Arc<Hub>,
     listener: UnixListener,
     options: ServeOptions,
+    cancel: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    serve_with_authority(hub, listener, options, AuthorityMode::Fix, cancel).await
+}
+
+/// [`serve`] with the `:authority` handling chosen (the benchmark measures
+/// what the fix costs).
+pub async fn serve_with_authority(
+    hub: Arc<Hub>,
+    listener: UnixListener,
+    options: ServeOptions,
+    authority: AuthorityMode,
     cancel: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let service = PodResourcesListerServer::new(PodResourcesService::new(
@@ -48,7 +61,7 @@ pub async fn serve(
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(UnixIncoming::with_authority_fix(listener), async move {
+        .serve_with_incoming_shutdown(UnixIncoming::new(listener, authority), async move {
             cancel.cancelled().await;
             hub.close_watchers();
         })

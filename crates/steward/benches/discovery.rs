@@ -76,7 +76,9 @@ fn main() -> ExitCode {
 
 async fn run(sizes: Sizes) -> anyhow::Result<()> {
     appear_to_instance(&sizes).await?;
-    agent_with_devices(&sizes).await?;
+    agent_with_devices(&sizes, true).await?;
+    // The same without device plugins: what serving them costs.
+    agent_with_devices(&sizes, false).await?;
     Ok(())
 }
 
@@ -298,14 +300,24 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-async fn agent_with_devices(sizes: &Sizes) -> anyhow::Result<()> {
+async fn agent_with_devices(sizes: &Sizes, device_plugins: bool) -> anyhow::Result<()> {
     let n = sizes.devices;
     let ticks_per_s = clock_ticks_per_second()?;
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::start(dir.path()).await?;
     let node = NodeDirs::new(dir.path(), "bench-node");
-    let agent = node.spawn_agent(&cluster, "5m")?.quiet();
+    let extra: &[&str] = if device_plugins {
+        &[]
+    } else {
+        &["--no-device-plugins"]
+    };
+    let agent = node.spawn_agent_with(&cluster, "5m", extra)?.quiet();
     let pid = agent.pid()?;
+    let variant = if device_plugins {
+        ""
+    } else {
+        "-no-device-plugins"
+    };
     let dh = spawn_echo_handler(
         "debug-echo",
         &node.socket,
@@ -369,7 +381,7 @@ async fn agent_with_devices(sizes: &Sizes) -> anyhow::Result<()> {
     let requests_per_minute = stats.total_requests() as f64 * 60.0 / window.as_secs_f64();
 
     println!(
-        "discovery/agent-{n}-devices rss={:.1}MiB cpu={cpu_pct:.2}% settle={:.2}s writes-drained={:.2}s later (peak rss={:.1}MiB, idle rss={:.1}MiB, window={:.0}s)",
+        "discovery/agent-{n}-devices{variant} rss={:.1}MiB cpu={cpu_pct:.2}% settle={:.2}s writes-drained={:.2}s later (peak rss={:.1}MiB, idle rss={:.1}MiB, window={:.0}s)",
         mib(rss),
         settle.as_secs_f64(),
         drained.as_secs_f64(),
@@ -378,7 +390,7 @@ async fn agent_with_devices(sizes: &Sizes) -> anyhow::Result<()> {
         window.as_secs_f64()
     );
     println!(
-        "discovery/steady-writes-per-minute={per_minute:.1} (writes={} requests/min={requests_per_minute:.1} over {:.0}s, {n} Instances)",
+        "discovery/steady-writes-per-minute{variant}={per_minute:.1} (writes={} requests/min={requests_per_minute:.1} over {:.0}s, {n} Instances)",
         stats.total_writes(),
         window.as_secs_f64()
     );

@@ -380,7 +380,17 @@ impl NodeDirs {
     /// `steward agent` in Kubernetes mode (through `cluster`'s kubeconfig),
     /// no embedded handlers, offline grace `grace` (e.g. `3s`).
     pub fn spawn_agent(&self, cluster: &Cluster, grace: &str) -> anyhow::Result<Proc> {
-        let args: Vec<OsString> = vec![
+        self.spawn_agent_with(cluster, grace, &[])
+    }
+
+    /// [`NodeDirs::spawn_agent`] with `extra` arguments appended.
+    pub fn spawn_agent_with(
+        &self,
+        cluster: &Cluster,
+        grace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Proc> {
+        let mut args: Vec<OsString> = vec![
             "agent".into(),
             "--node-name".into(),
             self.name.clone().into(),
@@ -399,6 +409,7 @@ impl NodeDirs {
             "--cdi-dir".into(),
             self.dir.join(format!("{}-cdi", self.name)).into(),
         ];
+        args.extend(extra.iter().map(OsString::from));
         Proc::spawn(
             &format!("agent {}", self.name),
             &args,
