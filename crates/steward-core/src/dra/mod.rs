@@ -18,17 +18,26 @@
 //! **Slices.** At most [`MAX_DEVICES_PER_SLICE`] devices per slice, every
 //! slice of a pool carrying the pool's generation and slice count; the
 //! generation moves when the pool's content does ([`next_generation`]).
+//!
+//! **Topology.** Devices whose discovery reports a NUMA node or a PCI
+//! devpath carry the standard `resource.kubernetes.io/numaNode` and
+//! `resource.kubernetes.io/pcieRoot` ([`topology_attributes`]).
 
 mod attributes;
 #[cfg(test)]
 mod proptests;
 mod slices;
+mod topology;
 
 pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
 pub use slices::{
     DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, attribute_value,
     configuration_selector, device_name, is_shared, next_generation, plan, pool_of, slice_name,
     slot_for_device, writer,
+};
+pub use topology::{
+    DEVPATH_PROPERTY, NUMA_NODE_ATTRIBUTE, NUMA_PROPERTY, PCIE_ROOT_ATTRIBUTE, numa_node,
+    pcie_root, topology_attributes,
 };
 
 /// The driver name of every device steward publishes.

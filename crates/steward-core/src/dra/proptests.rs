@@ -80,3 +80,65 @@ proptest! {
         prop_assert_eq!(seen.len(), expected, "a slot of a seen Instance is missing");
     }
 }
+
+fn numa_value() -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(prop_oneof![
+        (0i64..4).prop_map(|n| n.to_string()),
+        proptest::collection::vec(-2i64..1030, 1..4)
+            .prop_map(|v| { v.iter().map(i64::to_string).collect::<Vec<_>>().join(",") }),
+        "[ -~]{0,8}",
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_numa_node_is_published_exactly_when_discovery_names_one_valid_node(
+        numa in numa_value(),
+        devpath in proptest::option::of(prop_oneof![
+            "/devices/pci[0-9a-f]{4}:[0-9a-f]{2}/[0-9a-z:.]{1,12}",
+            "/devices/[a-z]{1,8}/[a-z0-9]{1,8}",
+        ]),
+        filler in proptest::collection::btree_map("P[A-Z0-9_]{0,10}", "[a-z]{0,4}", 0..40),
+    ) {
+        let mut properties = filler;
+        if let Some(v) = &numa {
+            properties.insert(NUMA_PROPERTY.to_owned(), v.clone());
+        }
+        if let Some(p) = &devpath {
+            properties.insert(DEVPATH_PROPERTY.to_owned(), p.clone());
+        }
+        let inst = DraInstance {
+            name: "dev".into(),
+            namespace: "default".into(),
+            configuration: "cfg".into(),
+            capacity: 2,
+            nodes: ["n1".to_owned()].into(),
+            properties: properties.clone(),
+        };
+        // What a node's list says: every part one id in 0..1024, one distinct.
+        let expected = numa.as_deref().and_then(|v| {
+            let ids: Option<BTreeSet<i64>> = v.split(',').map(|p| p.trim().parse::<i64>().ok()
+                .filter(|n| (0..1024).contains(n))).collect();
+            ids.filter(|s| s.len() == 1).and_then(|s| s.first().copied())
+        });
+        let root = devpath.as_deref()
+            .filter(|p| p.starts_with("/devices/pci"))
+            .and_then(|p| p.split('/').nth(2).map(str::to_owned));
+        let want_numa = expected.map(Attribute::Int);
+        let want_root = root.map(Attribute::String);
+        let (slices, _) = plan("n1", &[inst]);
+        for s in &slices {
+            for d in &s.devices {
+                prop_assert!(d.attributes.len() <= MAX_ATTRIBUTES);
+                prop_assert_eq!(
+                    d.attributes.get(NUMA_NODE_ATTRIBUTE),
+                    want_numa.as_ref());
+                prop_assert_eq!(
+                    d.attributes.get(PCIE_ROOT_ATTRIBUTE),
+                    want_root.as_ref());
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::DRIVER;
 use super::attributes::{Attribute, attributes_of};
+use super::topology::topology_attributes;
 use crate::discovery::instances::fnv1a64;
 use crate::reservation::slot_id;
 
@@ -241,6 +242,8 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
                 Attribute::String(attribute_value(&inst.namespace)),
             );
         }
+        // Standard topology attributes are steward's own: always kept.
+        fixed.extend(topology_attributes(&inst.properties));
         let (base, skipped) = attributes_of(fixed, &inst.properties);
         for (k, why) in skipped {
             notes.push(format!(
@@ -342,6 +345,35 @@ mod tests {
         );
         assert_eq!(d.attributes["slot"], Attribute::Int(0));
         assert_eq!(d.attributes["shared"], Attribute::Bool(false));
+    }
+
+    #[test]
+    fn devices_with_a_known_numa_node_or_pci_root_carry_the_standard_attributes() {
+        let mut known = inst("cam-a", 2, &["n1"]);
+        known.properties.insert("NUMA_NODE".into(), "1".into());
+        known.properties.insert(
+            "UDEV_DEVPATH".into(),
+            "/devices/pci0000:00/0000:00:14.0/usb1/1-1".into(),
+        );
+        let mut spans = inst("cam-b", 1, &["n1"]);
+        spans.properties.insert("NUMA_NODE".into(), "0,1".into());
+        let (slices, _) = plan("n1", &[known, spans]);
+        let devices = &slices[0].devices;
+        for d in devices.iter().filter(|d| d.instance == "cam-a") {
+            assert_eq!(
+                d.attributes["resource.kubernetes.io/numaNode"],
+                Attribute::Int(1)
+            );
+            assert_eq!(
+                d.attributes["resource.kubernetes.io/pcieRoot"],
+                Attribute::String("pci0000:00".into())
+            );
+        }
+        let b = devices.iter().find(|d| d.instance == "cam-b").unwrap();
+        assert!(!b.attributes.contains_key("resource.kubernetes.io/numaNode"));
+        assert!(!b.attributes.contains_key("resource.kubernetes.io/pcieRoot"));
+        // The property itself stays a steward.dev attribute as before.
+        assert_eq!(b.attributes["NUMA_NODE"], Attribute::String("0,1".into()));
     }
 
     #[test]
