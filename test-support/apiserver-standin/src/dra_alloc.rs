@@ -12,9 +12,9 @@
 //! to `reservedFor`.
 //!
 //! Subset: requests must be `exactly` (`firstAvailable` is refused) with
-//! `allocationMode` `ExactCount` (default, `count` default 1) or `All`; no
-//! `constraints`, `adminAccess`, capacity requests, device taints, shared
-//! counters or binding conditions. CEL run-time errors (a missing attribute)
+//! `allocationMode` `ExactCount` (default, `count` default 1) or `All`;
+//! `constraints` only `matchAttribute` ([`constraints`]); no `adminAccess`,
+//! capacity requests, device taints, shared counters or binding conditions. CEL run-time errors (a missing attribute)
 //! fail the allocation like kube-scheduler's "CEL runtime error"; use
 //! `device.driver == "…" && …` so other drivers' devices are rejected first.
 //! `allocation.nodeSelector` always names the node (kube-scheduler leaves it
@@ -40,6 +40,10 @@ use tracing::{debug, info};
 use crate::client::CONFLICT_ATTEMPTS;
 use crate::dra_cel::{self, CelDevice, Program};
 use crate::dra_select::{self, Candidate, DeviceId, NodeInfo};
+
+mod constraints;
+
+use self::constraints::{NoFit, Pick};
 
 /// Most consumers a claim can be reserved for (the API's limit).
 pub const RESERVED_FOR_MAX: usize = 256;
@@ -375,13 +379,22 @@ pub(crate) fn allocate(
     node: &str,
 ) -> Result<AllocationResult, AllocError> {
     let devices = spec.devices.clone().unwrap_or_default();
-    if devices.constraints.as_ref().is_some_and(|c| !c.is_empty()) {
-        return Err(unsupported(claim, "spec.devices.constraints"));
-    }
+    let requests = devices.requests.as_deref().unwrap_or_default();
+    let request_names: BTreeSet<String> = requests.iter().map(|r| r.name.clone()).collect();
+    let constraints = constraints::parse(
+        claim,
+        devices.constraints.as_deref().unwrap_or_default(),
+        &request_names,
+    )?;
+    // With constraints every matching free device is an option of its
+    // request and the search picks; without, the first ones are taken.
+    let exhaustive = !constraints.is_empty();
+    let by_id: BTreeMap<&DeviceId, &Candidate> =
+        world.candidates.iter().map(|c| (&c.id, c)).collect();
     let mut taken: BTreeSet<DeviceId> = BTreeSet::new();
-    let mut results = Vec::new();
+    let mut picks: Vec<Pick<'_>> = Vec::new();
     let mut config = Vec::new();
-    for request in devices.requests.as_deref().unwrap_or_default() {
+    for request in requests {
         let Some(exact) = &request.exactly else {
             return Err(unsupported(
                 claim,
@@ -425,7 +438,8 @@ pub(crate) fn allocate(
                 busy += usize::from(selectors.matches(&c.cel) == Ok(true));
                 continue;
             }
-            if mode == "ExactCount"
+            if !exhaustive
+                && mode == "ExactCount"
                 && free.len() == usize::try_from(exact.count.unwrap_or(1)).unwrap_or(0)
             {
                 break;
@@ -437,7 +451,7 @@ pub(crate) fn allocate(
                 free.push(c.id.clone());
             }
         }
-        let chosen = match mode {
+        let (options, want) = match mode {
             "ExactCount" => {
                 let count = exact.count.unwrap_or(1);
                 let want = usize::try_from(count)
@@ -460,7 +474,7 @@ pub(crate) fn allocate(
                         ),
                     });
                 }
-                free
+                (free, want)
             }
             "All" => {
                 if busy > 0 || free.is_empty() {
@@ -474,7 +488,8 @@ pub(crate) fn allocate(
                         ),
                     });
                 }
-                free
+                let want = free.len();
+                (free, want)
             }
             other => {
                 return Err(invalid(
@@ -486,22 +501,63 @@ pub(crate) fn allocate(
                 ));
             }
         };
-        for id in chosen {
-            taken.insert(id.clone());
-            let (driver, pool, device) = id;
-            results.push(DeviceRequestAllocationResult {
-                request: request.name.clone(),
-                driver,
-                pool,
-                device,
-                ..Default::default()
-            });
+        if !exhaustive {
+            taken.extend(options.iter().take(want).cloned());
         }
+        picks.push(Pick {
+            request: &request.name,
+            options: options
+                .iter()
+                .filter_map(|id| by_id.get(id).copied())
+                .collect(),
+            want,
+        });
         for c in class.spec.config.as_deref().unwrap_or_default() {
             config.push(DeviceAllocationConfiguration {
                 source: "FromClass".to_string(),
                 requests: Some(vec![request.name.clone()]),
                 opaque: c.opaque.clone(),
+            });
+        }
+    }
+    let chosen = constraints::choose(&picks, &constraints).map_err(|why| {
+        let names: Vec<String> = constraints.iter().map(|c| c.name()).collect();
+        let per_request: Vec<String> = picks
+            .iter()
+            .map(|p| {
+                let values: Vec<String> = constraints
+                    .iter()
+                    .map(|c| constraints::values_seen(c, &p.options).join(", "))
+                    .collect();
+                format!("{} wants {} of [{}]", p.request, p.want, values.join(" | "))
+            })
+            .collect();
+        let what = match why {
+            NoFit::Unsatisfiable => "no choice of devices satisfies",
+            NoFit::GaveUp => "the search gave up on",
+        };
+        AllocError::Unsatisfiable {
+            claim: claim.to_string(),
+            request: picks
+                .first()
+                .map(|p| p.request.to_string())
+                .unwrap_or_default(),
+            message: format!(
+                "{what} matchAttribute {} on node {node}; values of the free matching devices: {}",
+                names.join(", "),
+                per_request.join("; ")
+            ),
+        }
+    })?;
+    let mut results = Vec::new();
+    for (pick, ids) in picks.iter().zip(chosen) {
+        for (driver, pool, device) in ids {
+            results.push(DeviceRequestAllocationResult {
+                request: pick.request.to_string(),
+                driver,
+                pool,
+                device,
+                ..Default::default()
             });
         }
     }
