@@ -1,19 +1,26 @@
 //! Two nodes' agents publishing ResourceSlices against the API server
 //! stand-in: a pool per node, a shared Instance published once, writes only
 //! on change with the pool generation moving, a shared pool handed over to
-//! its next writer, and a node's slices removed when its agent stops.
+//! its next writer, and a node's slices removed when its agent stops; the
+//! standard topology attributes, and a claim aligning a device with another
+//! driver's by them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, Device, DeviceAttribute, DeviceClaim, DeviceClass, DeviceClassSpec,
+    DeviceConstraint, DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use steward_agent::dra::{WRITER_LABEL, publish};
 use steward_api::{Instance, InstanceSpec};
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::dra_alloc::allocate_claim;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -268,4 +275,196 @@ async fn each_device_is_published_once_and_written_only_on_change() {
     );
     n2.stop().await;
     assert!(pools(&api).await.is_empty());
+}
+
+/// A test-made slice of another driver on `node`: one device per NUMA node
+/// given, carrying the standard attribute (what a DRA CPU driver publishes).
+fn other_driver_slice(node: &str, numa: &[i64]) -> ResourceSlice {
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("cpus-{node}")),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: "cpu.example.com".into(),
+            pool: ResourcePool {
+                name: node.into(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            node_name: Some(node.into()),
+            devices: Some(
+                numa.iter()
+                    .map(|n| Device {
+                        name: format!("cpus-numa{n}"),
+                        attributes: Some(BTreeMap::from([(
+                            "resource.kubernetes.io/numaNode".to_owned(),
+                            DeviceAttribute {
+                                int: Some(*n),
+                                ..DeviceAttribute::default()
+                            },
+                        )])),
+                        ..Device::default()
+                    })
+                    .collect(),
+            ),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+fn class(name: &str, driver: &str) -> DeviceClass {
+    DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!("device.driver == \"{driver}\""),
+                }),
+            }]),
+            ..DeviceClassSpec::default()
+        },
+    }
+}
+
+fn exactly(name: &str, class: &str) -> DeviceRequest {
+    DeviceRequest {
+        name: name.into(),
+        exactly: Some(ExactDeviceRequest {
+            device_class_name: class.into(),
+            ..ExactDeviceRequest::default()
+        }),
+        ..DeviceRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn devices_carry_the_standard_topology_attributes_discovery_knows_and_align_by_them() {
+    let api = ApiServer::start().await.unwrap();
+    api.serve_dra();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let with = |numa: Option<&str>, devpath: &str| {
+        let mut s = spec(1, &["n1"]);
+        if let Some(n) = numa {
+            s.properties.insert("NUMA_NODE".into(), n.into());
+        }
+        s.properties.insert("UDEV_DEVPATH".into(), devpath.into());
+        s
+    };
+    let usb = "/devices/pci0000:00/0000:00:14.0/usb1/1-1";
+    put(&api, "cam-far", with(Some("0"), usb)).await;
+    put(
+        &api,
+        "cam-near",
+        with(Some("1"), "/devices/pci0000:40/0000:40:01.0/usb3/3-1"),
+    )
+    .await;
+    put(
+        &api,
+        "cam-spans",
+        with(Some("0,1"), "/devices/virtual/video4linux/v0"),
+    )
+    .await;
+    put(&api, "cam-unknown", with(None, usb)).await;
+    let n1 = Agent::start(&api, "n1");
+    let want = BTreeMap::from([(
+        "n1".to_owned(),
+        entry(
+            1,
+            "n1",
+            &["cam-far-0", "cam-near-0", "cam-spans-0", "cam-unknown-0"],
+        ),
+    )]);
+    until("published", || pools(&api), |p| p == &want).await;
+    let slices = Api::<ResourceSlice>::all(api.client());
+    let all = slices.list(&ListParams::default()).await.unwrap().items;
+    let topology: BTreeMap<String, (Option<i64>, Option<String>)> = all[0]
+        .spec
+        .devices
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|d| {
+            let a = d.attributes.unwrap_or_default();
+            let numa = a.get("resource.kubernetes.io/numaNode").and_then(|v| v.int);
+            let root = a
+                .get("resource.kubernetes.io/pcieRoot")
+                .and_then(|v| v.string.clone());
+            (d.name, (numa, root))
+        })
+        .collect();
+    let root = |r: &str| Some(r.to_owned());
+    assert_eq!(
+        topology,
+        BTreeMap::from([
+            ("cam-far-0".to_owned(), (Some(0), root("pci0000:00"))),
+            ("cam-near-0".to_owned(), (Some(1), root("pci0000:40"))),
+            // Two NUMA nodes listed, a virtual device: neither is guessed.
+            ("cam-spans-0".to_owned(), (None, None)),
+            ("cam-unknown-0".to_owned(), (None, root("pci0000:00"))),
+        ])
+    );
+
+    // Another driver has CPUs left on NUMA 1 only: one claim asks for a
+    // camera and CPUs on one NUMA node and gets the camera of NUMA 1,
+    // although cam-far-0 comes first.
+    slices
+        .create(&PostParams::default(), &other_driver_slice("n1", &[1]))
+        .await
+        .unwrap();
+    let classes: Api<DeviceClass> = Api::all(api.client());
+    for c in [
+        class("cams", "steward.dev"),
+        class("cpus", "cpu.example.com"),
+    ] {
+        classes.create(&PostParams::default(), &c).await.unwrap();
+    }
+    let claims: Api<ResourceClaim> = Api::namespaced(api.client(), NS);
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("aligned".into()),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![exactly("cam", "cams"), exactly("cpu", "cpus")]),
+                constraints: Some(vec![DeviceConstraint {
+                    match_attribute: Some("resource.kubernetes.io/numaNode".into()),
+                    ..DeviceConstraint::default()
+                }]),
+                ..DeviceClaim::default()
+            }),
+        },
+        status: None,
+    };
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let got = allocate_claim(&api.client(), NS, "aligned", "pod", "uid-1", "n1")
+        .await
+        .unwrap();
+    let results: Vec<(String, String)> = got
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.request, r.device))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("cam".to_owned(), "cam-near-0".to_owned()),
+            ("cpu".to_owned(), "cpus-numa1".to_owned())
+        ]
+    );
+    n1.stop().await;
 }
