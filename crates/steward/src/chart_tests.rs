@@ -1,5 +1,7 @@
-//! The Helm chart (`deploy/helm/steward`), rendered with a real helm 4
-//! under several value sets: it lints, every container's arguments are
+//! The Helm chart (`deploy/helm/steward`), rendered with a real helm 4 (each
+//! test once with the helm shipped beside kubectl 1.35 and once with the one
+//! beside 1.37, see `steward_testing_apiserver::kube_tools`) under several
+//! value sets: it lints, every container's arguments are
 //! accepted by this binary's own command line, every container is hardened,
 //! every mount has its volume, and bad values are refused by the schema.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -9,6 +11,7 @@ use std::process::{Command, Output};
 
 use clap::Parser;
 use serde_json::Value;
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 
 use crate::Cli;
 
@@ -59,18 +62,12 @@ const VALUE_SETS: &[&[&str]] = &[
     &["dra.enabled=true", "controller.enabled=true"],
 ];
 
-fn helm() -> PathBuf {
-    std::env::var_os("STEWARD_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("helm"))
-}
-
 fn chart() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
 }
 
-fn run_helm(action: &str, sets: &[&str]) -> Output {
-    let mut cmd = Command::new(helm());
+fn run_helm(t: &KubeTools, action: &str, sets: &[&str]) -> Output {
+    let mut cmd = Command::new(&t.helm);
     cmd.arg(action);
     if action == "template" {
         cmd.arg("t");
@@ -81,14 +78,14 @@ fn run_helm(action: &str, sets: &[&str]) -> Output {
     }
     cmd.output().unwrap_or_else(|e| {
         panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
-            helm().display()
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM_135 and STEWARD_HELM_137",
+            t.helm.display()
         )
     })
 }
 
-fn render(sets: &[&str]) -> Vec<Value> {
-    let out = run_helm("template", sets);
+fn render(t: &KubeTools, sets: &[&str]) -> Vec<Value> {
+    let out = run_helm(t, "template", sets);
     assert!(
         out.status.success(),
         "helm template {sets:?}: {}",
@@ -127,15 +124,19 @@ fn strings(v: &Value) -> Vec<String> {
 
 #[test]
 fn chart_lints_and_renders_under_every_value_set() {
+    kube_tools::each_blocking(chart_lints_and_renders_under_every_value_set_with);
+}
+
+fn chart_lints_and_renders_under_every_value_set_with(t: &KubeTools) {
     for sets in VALUE_SETS {
-        let lint = run_helm("lint", sets);
+        let lint = run_helm(t, "lint", sets);
         assert!(
             lint.status.success(),
             "helm lint {sets:?}: {}{}",
             String::from_utf8_lossy(&lint.stdout),
             String::from_utf8_lossy(&lint.stderr)
         );
-        let objects = render(sets);
+        let objects = render(t, sets);
         let pods = pod_specs(&objects);
         assert!(!pods.is_empty(), "{sets:?} renders no DaemonSet");
         for (ds, spec) in pods {
@@ -194,17 +195,24 @@ fn chart_lints_and_renders_under_every_value_set() {
 
 #[test]
 fn chart_options_reach_the_command_lines() {
+    kube_tools::each_blocking(chart_options_reach_the_command_lines_with);
+}
+
+fn chart_options_reach_the_command_lines_with(t: &KubeTools) {
     for (transport, ds) in [
         ("nri", "t-steward-nri-plugin"),
         ("cri-proxy", "t-steward-cri-proxy"),
     ] {
         let transport = format!("resourceManager.transport={transport}");
-        let objects = render(&[
-            "resourceManager.enabled=true",
-            &transport,
-            "agent.podResources.groupId=472",
-            "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
-        ]);
+        let objects = render(
+            t,
+            &[
+                "resourceManager.enabled=true",
+                &transport,
+                "agent.podResources.groupId=472",
+                "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
+            ],
+        );
         let args_of = |ds: &str| -> Vec<String> {
             let (_, spec) = pod_specs(&objects)
                 .into_iter()
@@ -234,7 +242,7 @@ fn chart_options_reach_the_command_lines() {
         assert!(resmgr.contains(&"--cluster".to_owned()), "{resmgr:?}");
     }
     // Without CDI the agent is told so, which it accepts (empty: no CDI).
-    let objects = render(&["agent.cdi.enabled=false"]);
+    let objects = render(t, &["agent.cdi.enabled=false"]);
     let (_, spec) = pod_specs(&objects)
         .into_iter()
         .find(|(n, _)| n == "t-steward-agent")
@@ -287,13 +295,22 @@ fn resmgr_rules(objects: &[Value], name: &str) -> Vec<Value> {
 
 #[test]
 fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint() {
+    kube_tools::each_blocking(
+        the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with,
+    );
+}
+
+fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with(t: &KubeTools) {
     // nri (the default): `steward nri-plugin` on the runtime's NRI socket,
     // its directory mounted; no CRI socket served for kubelet, none of the
     // runtime's relayed to, nothing of kubelet's touched.
-    let nri = render(&[
-        "resourceManager.enabled=true",
-        "resourceManager.nri.socket=/run/nri-alt/nri.sock",
-    ]);
+    let nri = render(
+        t,
+        &[
+            "resourceManager.enabled=true",
+            "resourceManager.nri.socket=/run/nri-alt/nri.sock",
+        ],
+    );
     let pods = pod_specs(&nri);
     assert!(
         !pods.iter().any(|(n, _)| n == "t-steward-cri-proxy"),
@@ -339,10 +356,13 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint() {
 
     // cri-proxy: `steward cri-proxy` serves kubelet's CRI endpoint and
     // relays to the runtime's CRI socket, both directories mounted.
-    let proxy = render(&[
-        "resourceManager.enabled=true",
-        "resourceManager.transport=cri-proxy",
-    ]);
+    let proxy = render(
+        t,
+        &[
+            "resourceManager.enabled=true",
+            "resourceManager.transport=cri-proxy",
+        ],
+    );
     let pods = pod_specs(&proxy);
     assert!(!pods.iter().any(|(n, _)| n == "t-steward-nri-plugin"));
     let (_, spec) = pods
@@ -386,10 +406,17 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint() {
 
 #[test]
 fn a_standalone_agent_gets_its_configurations_and_no_api_access() {
-    let objects = render(&[
-        "agent.standalone.enabled=true",
-        "agent.standalone.configurations=kind: Configuration",
-    ]);
+    kube_tools::each_blocking(a_standalone_agent_gets_its_configurations_and_no_api_access_with);
+}
+
+fn a_standalone_agent_gets_its_configurations_and_no_api_access_with(t: &KubeTools) {
+    let objects = render(
+        t,
+        &[
+            "agent.standalone.enabled=true",
+            "agent.standalone.configurations=kind: Configuration",
+        ],
+    );
     let (_, spec) = pod_specs(&objects)
         .into_iter()
         .find(|(n, _)| n == "t-steward-agent")
@@ -449,6 +476,10 @@ fn a_standalone_agent_gets_its_configurations_and_no_api_access() {
 
 #[test]
 fn bad_values_are_refused_with_the_reason() {
+    kube_tools::each_blocking(bad_values_are_refused_with_the_reason_with);
+}
+
+fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
     for (set, reason) in [
         ("agent.metrics.port=0", "/agent/metrics/port"),
         ("agent.offlineGrace=5minutes", "/agent/offlineGrace"),
@@ -476,18 +507,18 @@ fn bad_values_are_refused_with_the_reason() {
             "/agent/networkHandlerCidrs/0",
         ),
     ] {
-        let out = run_helm("template", &[set]);
+        let out = run_helm(t, "template", &[set]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "--set {set} was accepted");
         assert!(err.contains(reason), "--set {set}: {err}");
     }
     // Standalone without Configurations is refused.
-    let out = run_helm("template", &["agent.standalone.enabled=true"]);
+    let out = run_helm(t, "template", &["agent.standalone.enabled=true"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent.standalone.configurations"));
     // DRA without the device plugins' slots or CDI is refused.
     for off in ["agent.devicePlugins=false", "agent.cdi.enabled=false"] {
-        let out = run_helm("template", &["dra.enabled=true", off]);
+        let out = run_helm(t, "template", &["dra.enabled=true", off]);
         assert!(!out.status.success(), "dra.enabled with {off} was accepted");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("dra.enabled needs agent.devicePlugins"),
@@ -497,7 +528,7 @@ fn bad_values_are_refused_with_the_reason() {
     }
     // The resource manager's values before it had a transport are refused
     // with where they went.
-    let out = run_helm("template", &["criProxy.enabled=true"]);
+    let out = run_helm(t, "template", &["criProxy.enabled=true"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)
@@ -506,18 +537,25 @@ fn bad_values_are_refused_with_the_reason() {
         String::from_utf8_lossy(&out.stderr)
     );
     // A handler both embedded and run as its own DaemonSet is refused.
-    let out = run_helm("template", &["discoveryHandlers.udev.enabled=true"]);
+    let out = run_helm(t, "template", &["discoveryHandlers.udev.enabled=true"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
 }
 
 #[test]
 fn dra_reaches_the_agent_the_controller_and_their_rules() {
-    let objects = render(&[
-        "dra.enabled=true",
-        "controller.enabled=true",
-        "kubeletDir=/data/kubelet",
-    ]);
+    kube_tools::each_blocking(dra_reaches_the_agent_the_controller_and_their_rules_with);
+}
+
+fn dra_reaches_the_agent_the_controller_and_their_rules_with(t: &KubeTools) {
+    let objects = render(
+        t,
+        &[
+            "dra.enabled=true",
+            "controller.enabled=true",
+            "kubeletDir=/data/kubelet",
+        ],
+    );
     let (_, agent) = pod_specs(&objects)
         .into_iter()
         .find(|(n, _)| n == "t-steward-agent")
@@ -603,7 +641,7 @@ fn dra_reaches_the_agent_the_controller_and_their_rules() {
             "agent.standalone.configurations=kind: Configuration",
         ][..],
     ] {
-        let text = serde_saphyr::to_string(&render(sets)).unwrap();
+        let text = serde_saphyr::to_string(&render(t, sets)).unwrap();
         for absent in ["--dra", "plugins_registry", "resource.k8s.io"] {
             assert!(!text.contains(absent), "{sets:?} renders {absent}");
         }

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use steward_api::{Instance, InstanceSpec, PodRef, SlotClaim, SlotClaimSpec, cdi_name};
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
 /// The claim's `since`: 2023-11-14T22:13:20Z.
@@ -344,8 +345,12 @@ fn column(table: &str, header: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_and_steward_agree_on_every_instance() {
+    kube_tools::each(kubectl_and_steward_agree_on_every_instance_with).await;
+}
+
+async fn kubectl_and_steward_agree_on_every_instance_with(t: KubeTools) {
     let s = seeded().await;
-    let k = Kubectl::new(&s.cluster.server).await;
+    let k = Kubectl::of(&s.cluster.server, &t).await;
     // kubectl prints the CRD's printer columns (server-side Table).
     let theirs = k.ok(&["get", "instances.steward.dev", "-A"]).await;
     let ours = steward(&s, &["get", "instances", "-A"]).await;

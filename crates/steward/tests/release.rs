@@ -19,6 +19,7 @@ use common::{Cluster, STEWARD};
 use kube::Api;
 use kube::api::PostParams;
 use steward_api::{Instance, InstanceSpec, cdi_name};
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
 fn repo() -> PathBuf {
@@ -186,6 +187,10 @@ fn text(b: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_finds_and_runs_the_plugin() {
+    kube_tools::each(kubectl_finds_and_runs_the_plugin_with).await;
+}
+
+async fn kubectl_finds_and_runs_the_plugin_with(t: KubeTools) {
     let home = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(home.path()).await.unwrap();
     let mut cam = Instance::new(
@@ -207,7 +212,7 @@ async fn kubectl_finds_and_runs_the_plugin() {
         .create(&PostParams::default(), &cam)
         .await
         .unwrap();
-    let k = Kubectl::new(&cluster.server).await;
+    let k = Kubectl::of(&cluster.server, &t).await;
     let plugins = plugin_dir();
     let installed = plugins.path().join("kubectl-steward");
 

@@ -1,7 +1,9 @@
-//! A real kubectl (1.34 or newer) pointed at a stand-in, for tests: its own
+//! A real kubectl (1.35 or newer) pointed at a stand-in, for tests: its own
 //! kubeconfig and HOME (discovery and HTTP caches) in a private directory
-//! removed on drop. kubectl is `STEWARD_KUBECTL` (scripts/test sets it,
-//! installing kubectl through scripts/kube-tools.sh) or `kubectl` on PATH.
+//! removed on drop. Tests take kubectl 1.35 and 1.37 in turn from
+//! [`crate::kube_tools`] ([`Kubectl::of`]); [`Kubectl::new`] takes
+//! `STEWARD_KUBECTL` (scripts/test sets it, installing kubectl through
+//! scripts/kube-tools.sh) or `kubectl` on PATH.
 //!
 //! Test support: a kubectl that cannot be run, or a command expected to
 //! succeed that fails, panics with what kubectl printed.
@@ -14,6 +16,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::ApiServer;
+use crate::kube_tools::KubeTools;
 
 /// Upper bound of one kubectl invocation.
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -30,6 +33,8 @@ pub fn kubectl_bin() -> PathBuf {
 pub struct Kubectl {
     bin: PathBuf,
     dir: PathBuf,
+    /// kubectl's own `gitVersion`, named in failures.
+    version: String,
 }
 
 impl Drop for Kubectl {
@@ -41,6 +46,22 @@ impl Drop for Kubectl {
 impl Kubectl {
     pub async fn new(server: &ApiServer) -> Self {
         Self::with_bin(server, kubectl_bin()).await
+    }
+
+    /// As [`Kubectl::new`], with the kubectl of `tools`; panics unless it is
+    /// the minor `tools` names.
+    pub async fn of(server: &ApiServer, tools: &KubeTools) -> Self {
+        let k = Self::with_bin(server, tools.kubectl.clone()).await;
+        if let Some(minor) = tools.minor {
+            assert_eq!(
+                k.minor(),
+                minor,
+                "{} is {}, not kubectl 1.{minor}",
+                k.bin.display(),
+                k.version
+            );
+        }
+        k
     }
 
     /// As [`Kubectl::new`], with the kubectl binary `bin` (another version).
@@ -55,8 +76,12 @@ impl Kubectl {
             "current-context": "standin"
         });
         std::fs::write(dir.join("kubeconfig"), kubeconfig.to_string()).unwrap();
-        let k = Kubectl { bin, dir };
-        k.check_version().await;
+        let mut k = Kubectl {
+            bin,
+            dir,
+            version: String::new(),
+        };
+        k.version = k.check_version().await;
         k
     }
 
@@ -77,11 +102,14 @@ impl Kubectl {
         match tokio::time::timeout(KUBECTL_TIMEOUT, run).await {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => panic!(
-                "running {} {args:?}: {e}; run scripts/test (it installs kubectl 1.34) or set STEWARD_KUBECTL \
+                "running {} {args:?}: {e}; run scripts/test (it installs kubectl 1.35 and 1.37) or set STEWARD_KUBECTL \
                  (eval \"$(scripts/kube-tools.sh)\")",
                 self.bin.display()
             ),
-            Err(_) => panic!("kubectl {args:?} did not finish within {KUBECTL_TIMEOUT:?}"),
+            Err(_) => panic!(
+                "kubectl {} {args:?} did not finish within {KUBECTL_TIMEOUT:?}",
+                self.version
+            ),
         }
     }
 
@@ -92,13 +120,15 @@ impl Kubectl {
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(
             out.status.success(),
-            "kubectl {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            "kubectl {} {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            self.version,
             out.status
         );
         stdout
     }
 
-    async fn check_version(&self) {
+    /// kubectl's `gitVersion`; panics unless it is 1.35 or newer.
+    async fn check_version(&self) -> String {
         let out = self.output(&["version", "--client", "-o", "json"]).await;
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         let cv = &v["clientVersion"];
@@ -109,12 +139,27 @@ impl Kubectl {
             .parse()
             .unwrap_or(0);
         assert!(
-            cv["major"] == "1" && minor >= 34,
-            "{} is {} (kubectl 1.34 or newer is needed); run scripts/test or set STEWARD_KUBECTL \
+            cv["major"] == "1" && minor >= 35,
+            "{} is {} (kubectl 1.35 or newer is needed); run scripts/test or set STEWARD_KUBECTL \
              (eval \"$(scripts/kube-tools.sh)\")",
             self.bin.display(),
             cv["gitVersion"]
         );
+        cv["gitVersion"].as_str().unwrap_or("?").to_owned()
+    }
+
+    /// kubectl's minor version, from its `gitVersion` (`v1.<minor>.<patch>`).
+    pub fn minor(&self) -> u32 {
+        self.version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// kubectl's `gitVersion`, e.g. `v1.37.1`.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// The private directory (kubeconfig, HOME, files written by [`Kubectl::write`]).

@@ -17,6 +17,7 @@ pub mod dra_alloc;
 pub mod dra_cel;
 mod dra_select;
 mod error;
+pub mod kube_tools;
 pub mod kubectl;
 mod openapi;
 mod protobuf;

@@ -1,9 +1,11 @@
-//! A real kubectl 1.34 against the stand-in: server-side printing (`get`, `get -o wide`,
-//! `get -w`), `/openapi/v3` (`apply` with the default client-side validation setting,
-//! `explain`) and protobuf request bodies (`create namespace|configmap|secret`).
+//! A real kubectl 1.35 and 1.37 against the stand-in: server-side printing (`get`,
+//! `get -o wide`, `get -w`), `/openapi/v3` (`apply` with the default client-side
+//! validation setting, `explain`) and protobuf request bodies
+//! (`create namespace|configmap|secret`).
 //!
-//! kubectl is `STEWARD_KUBECTL` (set by scripts/test, which installs kubectl 1.34 through
-//! scripts/kube-tools.sh) or `kubectl` on PATH; it must be 1.34 or newer.
+//! Each test runs once with each kubectl of `steward_testing_apiserver::kube_tools`
+//! (`STEWARD_KUBECTL_135` and `STEWARD_KUBECTL_137`, set by scripts/test through
+//! scripts/kube-tools.sh), on a fresh stand-in each time; a failure names the kubectl.
 // Test-only code: panicking on unexpected output is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +19,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -110,8 +113,12 @@ fn row<'a>(out: &'a str, name: &str) -> Vec<&'a str> {
 
 #[tokio::test]
 async fn create_namespace_configmap_and_secret_send_protobuf() {
+    kube_tools::each(create_namespace_configmap_and_secret_send_protobuf_with).await;
+}
+
+async fn create_namespace_configmap_and_secret_send_protobuf_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     let out = k.ok(&["create", "namespace", "x"]).await;
     assert_eq!(out.trim(), "namespace/x created");
     let out = k
@@ -166,8 +173,12 @@ async fn create_namespace_configmap_and_secret_send_protobuf() {
 
 #[tokio::test]
 async fn configmap_from_one_literal_shows_data_1() {
+    kube_tools::each(configmap_from_one_literal_shows_data_1_with).await;
+}
+
+async fn configmap_from_one_literal_shows_data_1_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     k.ok(&["create", "namespace", "x"]).await;
     k.ok(&["create", "configmap", "c", "--from-literal=a=b", "-n", "x"])
         .await;
@@ -186,8 +197,12 @@ async fn configmap_from_one_literal_shows_data_1() {
 
 #[tokio::test]
 async fn apply_custom_resource_with_default_validation() {
+    kube_tools::each(apply_custom_resource_with_default_validation_with).await;
+}
+
+async fn apply_custom_resource_with_default_validation_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     install_crd(&k).await;
     let file = k.write("g1.json", &gadget("g1", 3, "red"));
     let out = k.ok(&["apply", "-f", path(&file)]).await;
@@ -246,8 +261,12 @@ async fn apply_custom_resource_with_default_validation() {
 
 #[tokio::test]
 async fn get_prints_the_crd_printer_columns() {
+    kube_tools::each(get_prints_the_crd_printer_columns_with).await;
+}
+
+async fn get_prints_the_crd_printer_columns_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     install_crd(&k).await;
     let file = k.write("g1.json", &gadget("g1", 3, "red"));
     k.ok(&["apply", "-f", path(&file)]).await;
@@ -302,8 +321,12 @@ async fn get_prints_the_crd_printer_columns() {
 
 #[tokio::test]
 async fn get_pods_wide() {
+    kube_tools::each(get_pods_wide_with).await;
+}
+
+async fn get_pods_wide_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     let pods: Api<Pod> = Api::default_namespaced(s.client());
     pods.create(&Default::default(), &pod_on_node("p1", "node-1"))
         .await
@@ -366,8 +389,12 @@ async fn get_pods_wide() {
 
 #[tokio::test]
 async fn explain_reads_the_crd_schema() {
+    kube_tools::each(explain_reads_the_crd_schema_with).await;
+}
+
+async fn explain_reads_the_crd_schema_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     install_crd(&k).await;
     let out = k.ok(&["explain", "gadgets.spec"]).await;
     assert!(out.contains("KIND:       Gadget"), "{out}");
@@ -394,8 +421,12 @@ async fn explain_reads_the_crd_schema() {
 
 #[tokio::test]
 async fn get_watch_shows_objects_created_after_it_started() {
+    kube_tools::each(get_watch_shows_objects_created_after_it_started_with).await;
+}
+
+async fn get_watch_shows_objects_created_after_it_started_with(t: KubeTools) {
     let s = ApiServer::start().await.unwrap();
-    let k = Kubectl::new(&s).await;
+    let k = Kubectl::of(&s, &t).await;
     install_crd(&k).await;
     let file = k.write("g0.json", &gadget("g0", 1, "blue"));
     k.ok(&["apply", "-f", path(&file)]).await;

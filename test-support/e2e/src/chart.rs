@@ -1,19 +1,22 @@
-//! The Helm chart rendered with a real helm 4, for the tests that apply or
+//! The Helm chart rendered with a real helm 4 (the helm shipped beside
+//! kubectl 1.35 and the one beside 1.37), for the tests that apply or
 //! inspect it. Test support: a helm that cannot be run, or a render that
 //! fails, panics with what helm printed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use steward_testing_apiserver::kube_tools;
 
 /// Release name the tests render.
 pub const RELEASE: &str = "t";
 /// Namespace the tests render into.
 pub const NAMESPACE: &str = "steward-system";
 
-/// helm 4: `STEWARD_HELM` (set by scripts/test, which installs it) or `helm`.
+/// The default helm 4: `STEWARD_HELM` (set by scripts/test, which installs
+/// it) or `helm`.
 pub fn helm() -> PathBuf {
     std::env::var_os("STEWARD_HELM")
         .map(PathBuf::from)
@@ -26,9 +29,42 @@ pub fn chart_dir() -> PathBuf {
 }
 
 /// `helm template` of the chart into [`NAMESPACE`] with `sets` (and the
-/// CRDs when `include_crds`): the text.
+/// CRDs when `include_crds`), rendered by the helm of every pair of
+/// `steward_testing_apiserver::kube_tools` (the helm beside kubectl 1.35 and
+/// beside 1.37): the first helm's text. Each helm must render the same
+/// objects (the text around them, e.g. blank lines between documents,
+/// differs between helm 4 releases).
 pub fn template(sets: &[&str], include_crds: bool) -> String {
-    let mut cmd = Command::new(helm());
+    let mut first: Option<(PathBuf, String)> = None;
+    for tools in kube_tools::all() {
+        let text = template_with(&tools.helm, sets, include_crds);
+        match &first {
+            None => first = Some((tools.helm, text)),
+            Some((helm, want)) => {
+                let (a, b) = (documents(want), documents(&text));
+                if let Some((x, y)) = a.iter().zip(&b).find(|(x, y)| x != y) {
+                    panic!(
+                        "{} and {} render {sets:?} differently:\n{x}\nvs\n{y}",
+                        helm.display(),
+                        tools.helm.display()
+                    );
+                }
+                assert_eq!(
+                    a.len(),
+                    b.len(),
+                    "{} and {} render {sets:?} into different numbers of objects",
+                    helm.display(),
+                    tools.helm.display()
+                );
+            }
+        }
+    }
+    first.map(|(_, t)| t).unwrap_or_default()
+}
+
+/// `helm template` of the chart with the helm binary `helm`.
+pub fn template_with(helm: &Path, sets: &[&str], include_crds: bool) -> String {
+    let mut cmd = Command::new(helm);
     cmd.args(["template", RELEASE])
         .arg(chart_dir())
         .args(["--namespace", NAMESPACE]);
@@ -40,13 +76,14 @@ pub fn template(sets: &[&str], include_crds: bool) -> String {
     }
     let out = cmd.output().unwrap_or_else(|e| {
         panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM",
-            helm().display()
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM_135 and STEWARD_HELM_137",
+            helm.display()
         )
     });
     assert!(
         out.status.success(),
-        "helm template {sets:?} failed: {}",
+        "{} template {sets:?} failed: {}",
+        helm.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()

@@ -1,5 +1,6 @@
 //! The chart as an operator installs it: rendered with a real helm 4 and
-//! applied with a real kubectl 1.34 (default, strict field validation) to
+//! applied with a real kubectl 1.35 and 1.37, each with the helm shipped beside it
+//! (default, strict field validation) to
 //! the API server stand-in, which serves the built-in kinds the chart uses
 //! with schemas from k8s-openapi's types. Every object under every value set
 //! is accepted, stored as rendered and visible to `kubectl get`; applying
@@ -9,8 +10,9 @@
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use steward_e2e::chart::{NAMESPACE, documents, template};
+use steward_e2e::chart::{NAMESPACE, documents, template_with};
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
 /// Value sets applied: default, the resource manager as an NRI plugin and
@@ -42,9 +44,10 @@ const VALUE_SETS: &[&[&str]] = &[
     &["dra.enabled=true", "controller.enabled=true"],
 ];
 
-/// `helm template --include-crds` of the chart with `sets`: the text.
-fn render(sets: &[&str]) -> String {
-    template(sets, true)
+/// `helm template --include-crds` of the chart with `sets` by the helm of
+/// `t`: the text.
+fn render(t: &KubeTools, sets: &[&str]) -> String {
+    template_with(&t.helm, sets, true)
 }
 
 /// kubectl's `-o name` of an object: `daemonset.apps/NAME`, `serviceaccount/NAME`.
@@ -58,19 +61,23 @@ fn kubectl_name(o: &Value) -> String {
     }
 }
 
-async fn standin() -> (ApiServer, Kubectl) {
+async fn standin(t: &KubeTools) -> (ApiServer, Kubectl) {
     let server = ApiServer::start().await.unwrap();
     server.serve_workloads();
-    let k = Kubectl::new(&server).await;
+    let k = Kubectl::of(&server, t).await;
     k.ok(&["create", "namespace", NAMESPACE]).await;
     (server, k)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rendered_object_is_applied_and_seen_by_kubectl() {
+    kube_tools::each(every_rendered_object_is_applied_and_seen_by_kubectl_with).await;
+}
+
+async fn every_rendered_object_is_applied_and_seen_by_kubectl_with(t: KubeTools) {
     for sets in VALUE_SETS {
-        let (server, k) = standin().await;
-        let text = render(sets);
+        let (server, k) = standin(&t).await;
+        let text = render(&t, sets);
         let file = k.dir().join("rendered.yaml");
         std::fs::write(&file, &text).unwrap();
         let file = file.to_str().unwrap();
@@ -150,8 +157,12 @@ async fn every_rendered_object_is_applied_and_seen_by_kubectl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_kubernetes_does_not_have_is_refused() {
-    let (server, k) = standin().await;
-    let mut docs = documents(&render(&[]));
+    kube_tools::each(a_field_kubernetes_does_not_have_is_refused_with).await;
+}
+
+async fn a_field_kubernetes_does_not_have_is_refused_with(t: KubeTools) {
+    let (server, k) = standin(&t).await;
+    let mut docs = documents(&render(&t, &[]));
     let agent = docs
         .iter_mut()
         .find(|d| d["kind"] == "DaemonSet")

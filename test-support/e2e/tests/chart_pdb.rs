@@ -1,5 +1,5 @@
 //! The chart's PodDisruptionBudgets for the controller and the extender,
-//! rendered with a real helm 4 and applied with a real kubectl (strict
+//! rendered with a real helm 4 and applied with a real kubectl 1.35 and 1.37 (strict
 //! field validation) to the API server stand-in: on by default when a
 //! Deployment has more than one replica, each selecting exactly its
 //! Deployment's pods, `maxUnavailable` or `minAvailable` as the values say,
@@ -10,8 +10,9 @@
 use std::process::Command;
 
 use serde_json::Value;
-use steward_e2e::chart::{NAMESPACE, RELEASE, chart_dir, documents, helm, template};
+use steward_e2e::chart::{NAMESPACE, RELEASE, chart_dir, documents, template, template_with};
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
 const BOTH: &[&str] = &["controller.enabled=true", "extender.enabled=true"];
@@ -35,10 +36,10 @@ fn named<'a>(docs: &'a [Value], kind: &str, component: &str) -> &'a Value {
 
 /// Applies `text` to a fresh stand-in and returns the stored budgets as
 /// kubectl reads them back.
-async fn apply(text: &str) -> Vec<Value> {
+async fn apply(t: &KubeTools, text: &str) -> Vec<Value> {
     let server = ApiServer::start().await.unwrap();
     server.serve_workloads();
-    let k = Kubectl::new(&server).await;
+    let k = Kubectl::of(&server, t).await;
     k.ok(&["create", "namespace", NAMESPACE]).await;
     let file = k.dir().join("rendered.yaml");
     std::fs::write(&file, text).unwrap();
@@ -66,7 +67,16 @@ async fn apply(text: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_deployment_gets_a_budget_that_selects_its_pods_and_kubectl_accepts_it() {
-    let text = template(&with(&[]), false);
+    kube_tools::each(
+        each_deployment_gets_a_budget_that_selects_its_pods_and_kubectl_accepts_it_with,
+    )
+    .await;
+}
+
+async fn each_deployment_gets_a_budget_that_selects_its_pods_and_kubectl_accepts_it_with(
+    t: KubeTools,
+) {
+    let text = template_with(&t.helm, &with(&[]), false);
     let docs = documents(&text);
     assert_eq!(budgets(&docs).len(), 2, "{text}");
     for component in ["controller", "extender"] {
@@ -88,7 +98,7 @@ async fn each_deployment_gets_a_budget_that_selects_its_pods_and_kubectl_accepts
         }
     }
 
-    let stored = apply(&text).await;
+    let stored = apply(&t, &text).await;
     let mut names: Vec<&str> = stored
         .iter()
         .map(|p| p["metadata"]["name"].as_str().unwrap())
@@ -103,7 +113,13 @@ async fn each_deployment_gets_a_budget_that_selects_its_pods_and_kubectl_accepts
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_available_replaces_max_unavailable_and_a_percentage_stays_a_string() {
-    let text = template(
+    kube_tools::each(min_available_replaces_max_unavailable_and_a_percentage_stays_a_string_with)
+        .await;
+}
+
+async fn min_available_replaces_max_unavailable_and_a_percentage_stays_a_string_with(t: KubeTools) {
+    let text = template_with(
+        &t.helm,
         &with(&[
             "controller.podDisruptionBudget.minAvailable=50%",
             "extender.podDisruptionBudget.maxUnavailable=2",
@@ -118,7 +134,7 @@ async fn min_available_replaces_max_unavailable_and_a_percentage_stays_a_string(
     let extender = named(&docs, "PodDisruptionBudget", "extender");
     assert_eq!(extender["spec"]["maxUnavailable"], 2);
 
-    let stored = apply(&text).await;
+    let stored = apply(&t, &text).await;
     let controller = stored
         .iter()
         .find(|p| p["metadata"]["name"] == "t-steward-controller")
@@ -150,12 +166,18 @@ fn no_budget_for_one_replica_when_turned_off_or_when_the_component_is_off() {
 
 #[test]
 fn a_budget_that_is_not_a_count_or_a_percentage_is_refused_by_the_schema() {
+    kube_tools::each_blocking(
+        a_budget_that_is_not_a_count_or_a_percentage_is_refused_by_the_schema_with,
+    );
+}
+
+fn a_budget_that_is_not_a_count_or_a_percentage_is_refused_by_the_schema_with(t: &KubeTools) {
     for bad in [
         "controller.podDisruptionBudget.maxUnavailable=half",
         "extender.podDisruptionBudget.minAvailable=-1",
         "controller.podDisruptionBudget.maxUnavaliable=1",
     ] {
-        let out = Command::new(helm())
+        let out = Command::new(&t.helm)
             .args(["template", RELEASE])
             .arg(chart_dir())
             .args(["--namespace", NAMESPACE])
