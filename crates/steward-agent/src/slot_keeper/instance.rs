@@ -8,8 +8,9 @@ use steward_core::slots::InstanceInfo;
 use super::names;
 
 /// Device property giving the NUMA node(s) of a device, comma-separated.
-/// Devices without it are reported without topology.
-pub const NUMA_PROPERTY: &str = "NUMA_NODE";
+/// Devices without it are reported without topology. The same property
+/// DRA publishes as `resource.kubernetes.io/numaNode` (when it names one).
+pub const NUMA_PROPERTY: &str = steward_core::dra::NUMA_PROPERTY;
 
 /// An Instance served by this node's device plugins.
 #[derive(Debug, Clone, PartialEq, Eq)]
