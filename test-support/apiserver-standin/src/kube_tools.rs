@@ -53,6 +53,11 @@ impl KubeTools {
     }
 }
 
+/// The default kubectl: `STEWARD_KUBECTL`, or `kubectl` on PATH.
+pub fn kubectl_bin() -> PathBuf {
+    var("STEWARD_KUBECTL").unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
 fn in_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
 }
@@ -92,7 +97,7 @@ pub fn all() -> Vec<KubeTools> {
     if out.is_empty() {
         out.push(KubeTools {
             minor: None,
-            kubectl: crate::kubectl::kubectl_bin(),
+            kubectl: kubectl_bin(),
             helm: var("STEWARD_HELM").unwrap_or_else(|| PathBuf::from("helm")),
         });
     }

@@ -17,16 +17,10 @@ use serde_json::{Value, json};
 
 use crate::ApiServer;
 use crate::kube_tools::KubeTools;
+pub use crate::kube_tools::kubectl_bin;
 
 /// Upper bound of one kubectl invocation.
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
-
-pub fn kubectl_bin() -> PathBuf {
-    match std::env::var_os("STEWARD_KUBECTL").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from("kubectl"),
-    }
-}
 
 /// A kubeconfig pointing at one stand-in, in a private directory (also kubectl's HOME,
 /// so its discovery / HTTP caches are per test), and the kubectl binary.
