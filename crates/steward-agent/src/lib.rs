@@ -103,11 +103,20 @@ pub async fn run(
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
             if cfg.dra_slices {
-                dra_task = Some(AbortOnDropHandle::new(tokio::spawn(dra::publish(
-                    client.clone(),
-                    cfg.node_name.clone(),
-                    stop.clone(),
-                ))));
+                let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
+                dra_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                    // An older cluster: one warning, no ResourceSlices; the
+                    // device plugins and the rest go on.
+                    if steward_kube::dra_served(
+                        &client,
+                        "resourceslices",
+                        "publishing ResourceSlices",
+                    )
+                    .await
+                    {
+                        dra::publish(client, node, stop).await;
+                    }
+                })));
             }
             if let Some(dp) = &cfg.device_plugins {
                 plugins = Some(AbortOnDropHandle::new(tokio::spawn(device_plugins(

@@ -12,12 +12,16 @@
 //!   one never waits on the API server.
 //! * [`lease::elect`]: leader election on a `coordination.k8s.io` Lease
 //!   (client-go's algorithm), for components that must have one writer.
+//! * [`serves`] / [`dra_served`]: whether the cluster serves a kind, asked
+//!   once before using it, so an older cluster gets one clear line.
 
 mod events;
 pub mod lease;
 mod mirror;
+mod served;
 mod watch;
 
 pub use events::{EventSink, QUEUE as EVENT_QUEUE, pod_ref};
 pub use mirror::{Delta, Mirror, ObjectKey};
+pub use served::{DRA_API_SINCE, DRA_API_VERSION, dra_served, serves};
 pub use watch::{BACKOFF_MAX, BACKOFF_MIN, Change, backoff, changes, follow};

@@ -121,13 +121,13 @@ pub async fn run(
     Ok(())
 }
 
-/// Keeps the DeviceClasses while leading when `on`; never returns.
+/// Keeps the DeviceClasses while leading when `on`; never returns (not
+/// even when the cluster does not serve DeviceClasses: the decisions go on).
 async fn device_classes(client: kube::Client, on: bool) {
     if on {
         crate::deviceclass::maintain(client).await;
-    } else {
-        std::future::pending::<()>().await;
     }
+    std::future::pending::<()>().await;
 }
 
 async fn lost(leading: &mut watch::Receiver<bool>) {

@@ -3,7 +3,7 @@
 //! documented name and CEL, written by the leader only, never rewritten
 //! when right, put back when edited, removed with its Configuration, and a
 //! class without steward's label never touched. Without the DRA API the
-//! reservation decisions go on.
+//! reservation decisions go on, and the class keeper stops after one warning.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -356,4 +356,18 @@ async fn without_the_dra_api_reservations_are_still_decided() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     c.stop().await;
+}
+
+/// A cluster older than 1.34 (no `resource.k8s.io/v1`): the class keeper
+/// says so once and stops, instead of failing a write every second for as
+/// long as the replica leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_dra_api_the_class_keeper_stops_at_once() {
+    let api = setup(false).await;
+    configuration(&api, "default", "cams").await;
+    let keeper = steward_reservations::deviceclass::maintain(api.client());
+    tokio::time::timeout(WAIT, keeper)
+        .await
+        .expect("the class keeper kept trying without resource.k8s.io/v1");
+    api.shutdown().await;
 }

@@ -17,7 +17,9 @@
 //! compared with the owned ones and only differences are written — create,
 //! replace conditional on the resourceVersion read, delete conditional on
 //! it. A write that loses (409) is decided again from what the watch
-//! brings; any other failure is retried after [`RETRY`].
+//! brings; any other failure is retried after [`RETRY`]. On a cluster that
+//! does not serve `resource.k8s.io/v1` DeviceClasses, one warning says so
+//! and nothing is written (the reservation decisions go on).
 
 mod plan;
 
@@ -54,8 +56,13 @@ enum Outcome {
 }
 
 /// Keeps the DeviceClasses what the Configurations say; never returns (the
-/// caller drops it when no longer leading).
+/// caller drops it when no longer leading), except at once, after one
+/// warning, on a cluster that does not serve `resource.k8s.io/v1`
+/// DeviceClasses (Kubernetes before 1.34).
 pub async fn maintain(client: kube::Client) {
+    if !steward_kube::dra_served(&client, "deviceclasses", "writing DeviceClasses").await {
+        return;
+    }
     let api = Api::<DeviceClass>::all(client.clone());
     let mut configurations = follow(
         Api::<Configuration>::all(client),
