@@ -41,21 +41,6 @@ fn start(dir: &Path, nri: &Path, log: &Path) -> Child {
         .unwrap()
 }
 
-async fn wait_log(log: &Path, needle: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.contains(needle) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{needle:?} not in the plugin's log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn online() -> CpuSet {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
     CpuSet::parse(s.trim()).unwrap()
@@ -147,8 +132,8 @@ async fn assignments_survive_a_kill_9_of_the_plugin() {
     std::fs::write(dir.path().join("config.yaml"), "policy: { active: static }").unwrap();
     let log1: PathBuf = dir.path().join("plugin1.log");
     let mut plugin = start(dir.path(), &ctrd.nri_sock(), &log1);
-    wait_log(&log1, "registered as an NRI plugin").await;
-    wait_log(&log1, "synchronized with the runtime").await;
+    support::wait_log(&log1, "registered as an NRI plugin", 1).await;
+    support::wait_log(&log1, "synchronized with the runtime", 1).await;
 
     let (mut rt, _img) = harness::cri_client(ctrd.sock()).await.unwrap();
     let sa = harness::pod_sandbox_config(&ctrd.cgroup_parent, "shared", harness::PodNetwork::Host);
@@ -167,8 +152,8 @@ async fn assignments_survive_a_kill_9_of_the_plugin() {
     plugin.wait().await.unwrap();
     let log2 = dir.path().join("plugin2.log");
     let _plugin = start(dir.path(), &ctrd.nri_sock(), &log2);
-    wait_log(&log2, "registered as an NRI plugin").await;
-    wait_log(&log2, "synchronized with the runtime").await;
+    support::wait_log(&log2, "registered as an NRI plugin", 1).await;
+    support::wait_log(&log2, "synchronized with the runtime", 1).await;
     assert_eq!(cpuset(&sb, &b), excl, "kept across the kill");
     assert_eq!(cpuset(&sa, &a), rest, "kept across the kill");
     assert_eq!(inside(&mut rt, &b).await, excl);
@@ -214,7 +199,7 @@ async fn without_an_nri_socket_it_says_so_once_naming_the_fix() {
     std::fs::write(dir.path().join("config.yaml"), "policy: { active: none }").unwrap();
     let log = dir.path().join("plugin.log");
     let mut plugin = start(dir.path(), &dir.path().join("nri.sock"), &log);
-    wait_log(&log, "no NRI socket at").await;
+    support::wait_log(&log, "no NRI socket at", 1).await;
     // Retries (every second) stay quiet.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     plugin.start_kill().unwrap();

@@ -6,6 +6,9 @@
 //! lock), a new one starts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../steward-nri/tests/support/mod.rs"]
+mod support;
+
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -38,21 +41,6 @@ fn start(dir: &Path, index: &str, log: &Path) -> Child {
         .unwrap()
 }
 
-async fn wait_log(log: &Path, needle: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.contains(needle) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{needle:?} not in the plugin's log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,7 +49,7 @@ async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     let mut first = start(dir.path(), "10", &log1);
     let first_pid = first.id().unwrap();
     // Past the lock: it is dialling the (absent) NRI socket.
-    wait_log(&log1, "no NRI socket at").await;
+    support::wait_log(&log1, "no NRI socket at", 1).await;
 
     // Another index does not help: the state directory is the same.
     let second = tokio::time::timeout(
@@ -99,7 +87,7 @@ async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     first.wait().await.unwrap();
     let log3 = dir.path().join("plugin3.log");
     let mut third = start(dir.path(), "10", &log3);
-    wait_log(&log3, "no NRI socket at").await;
+    support::wait_log(&log3, "no NRI socket at", 1).await;
     let holder = std::fs::read_to_string(dir.path().join("state/nri-plugin.lock")).unwrap();
     assert!(
         holder.contains(&format!("pid {} on host", third.id().unwrap())),

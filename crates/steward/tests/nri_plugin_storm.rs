@@ -95,26 +95,6 @@ fn start(dir: &Path, nri: &Path, log: &Path) -> Child {
         .unwrap()
 }
 
-fn count_in_log(log: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .matches(needle)
-        .count()
-}
-
-/// Waits until `needle` is in the log at least `n` times.
-async fn wait_log(log: &Path, needle: &str, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while count_in_log(log, needle) < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{needle:?} not {n} times in the plugin's log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn container(sandbox: &cri::PodSandboxConfig, exclusive: bool) -> cri::ContainerConfig {
     let mut c = harness::ContainerSpec::new("c").build(sandbox);
     c.linux.get_or_insert_with(Default::default).resources = Some(cri::LinuxContainerResources {
@@ -345,7 +325,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     let mut starts = 0usize;
     let mut log = dir.path().join("plugin0.log");
     let mut plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-    wait_log(&log, "synchronized with the runtime", 1).await;
+    support::wait_log(&log, "synchronized with the runtime", 1).await;
 
     let mut rng = Lcg(0x5eed_0022);
     let counts = Arc::new(StormCounts::default());
@@ -370,12 +350,12 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
             starts += 1;
             log = dir.path().join(format!("plugin{starts}.log"));
             plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-            wait_log(&log, "synchronized with the runtime", 1).await;
+            support::wait_log(&log, "synchronized with the runtime", 1).await;
         } else {
-            let before = count_in_log(&log, "synchronized with the runtime");
+            let before = support::count_in_log(&log, "synchronized with the runtime");
             tokio::task::block_in_place(|| ctrd.restart());
             restarts += 1;
-            wait_log(&log, "synchronized with the runtime", before + 1).await;
+            support::wait_log(&log, "synchronized with the runtime", before + 1).await;
         }
         // The storm meets the reconnected plugin for a while.
         tokio::time::sleep(Duration::from_millis(300 + rng.next(300))).await;
@@ -425,7 +405,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     }
     let fail_open = (0..=starts)
         .map(|i| {
-            count_in_log(
+            support::count_in_log(
                 &dir.path().join(format!("plugin{i}.log")),
                 "an exclusive container runs without its CPUs",
             )
@@ -445,7 +425,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     starts += 1;
     log = dir.path().join(format!("plugin{starts}.log"));
     plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-    wait_log(&log, "synchronized with the runtime", 1).await;
+    support::wait_log(&log, "synchronized with the runtime", 1).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let c = check(&mut rt, &ctrd.cgroup_parent, &state).await;
