@@ -76,9 +76,12 @@ fn main() -> ExitCode {
 
 async fn run(sizes: Sizes) -> anyhow::Result<()> {
     appear_to_instance(&sizes).await?;
-    agent_with_devices(&sizes, true).await?;
+    agent_with_devices(&sizes, Plugins::Unregistered).await?;
+    // The same with a kubelet (stand-in) every plugin registers with and
+    // that holds a ListAndWatch stream of each: a node in production.
+    agent_with_devices(&sizes, Plugins::Registered).await?;
     // The same without device plugins: what serving them costs.
-    agent_with_devices(&sizes, false).await?;
+    agent_with_devices(&sizes, Plugins::Off).await?;
     Ok(())
 }
 
@@ -300,7 +303,19 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-async fn agent_with_devices(sizes: &Sizes, device_plugins: bool) -> anyhow::Result<()> {
+/// How the agent's device plugins run in [`agent_with_devices`].
+#[derive(Clone, Copy, PartialEq)]
+enum Plugins {
+    /// Served, with no kubelet to register with.
+    Unregistered,
+    /// Served and registered with the kubelet stand-in.
+    Registered,
+    /// `--no-device-plugins`.
+    Off,
+}
+
+async fn agent_with_devices(sizes: &Sizes, plugins: Plugins) -> anyhow::Result<()> {
+    let device_plugins = plugins != Plugins::Off;
     let n = sizes.devices;
     let ticks_per_s = clock_ticks_per_second()?;
     let dir = tempfile::tempdir()?;
@@ -311,12 +326,24 @@ async fn agent_with_devices(sizes: &Sizes, device_plugins: bool) -> anyhow::Resu
     } else {
         &["--no-device-plugins"]
     };
+    let kubelet = if plugins == Plugins::Registered {
+        Some(
+            steward_testing_kubelet::Kubelet::start(steward_testing_kubelet::KubeletConfig::new(
+                node.kubelet_dir(),
+                node.name.clone(),
+            ))
+            .await
+            .context("starting the kubelet stand-in")?,
+        )
+    } else {
+        None
+    };
     let agent = node.spawn_agent_with(&cluster, "5m", extra)?.quiet();
     let pid = agent.pid()?;
-    let variant = if device_plugins {
-        ""
-    } else {
-        "-no-device-plugins"
+    let variant = match plugins {
+        Plugins::Unregistered => "",
+        Plugins::Registered => "-kubelet",
+        Plugins::Off => "-no-device-plugins",
     };
     let dh = spawn_echo_handler(
         "debug-echo",
@@ -349,6 +376,13 @@ async fn agent_with_devices(sizes: &Sizes, device_plugins: bool) -> anyhow::Resu
         (s.instances as usize == n).then_some(())
     })
     .await?;
+    if let Some(k) = &kubelet {
+        eventually("every plugin registered with kubelet", WAIT * 4, || async {
+            let connected = k.resources().values().filter(|r| r.connected).count();
+            (connected >= n).then_some(())
+        })
+        .await?;
+    }
     // The burst's follow-up writes (each plugin's registration state in its
     // Instance's status, the Configuration's status) drain first: the
     // window opens after a whole second with no write, and how long the

@@ -18,8 +18,10 @@
 //!   once when a pod is deleted or reaches Succeeded/Failed.
 //! * At start the ledger is rebuilt from the local store, the cluster's
 //!   claims, kubelet's pod resources and this node's pods.
-//! * kubelet restarts (socket directory wiped) are noticed by polling the
-//!   plugin's socket and `kubelet.sock` every [`DevicePluginConfig::poll`].
+//! * kubelet restarts (socket directory wiped, `kubelet.sock` re-created)
+//!   are noticed by one watcher of `kubelet.sock` polling every
+//!   [`DevicePluginConfig::poll`], which wakes the plugins; a registered
+//!   plugin checks its own socket by itself only every 50 polls.
 //!
 //! Known limits: a pod deleted before kubelet's pod resources attributed its
 //! slot (within milliseconds of admission) leaves a pending claim that is

@@ -44,6 +44,10 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 const SOCKET_MODE: u32 = 0o600;
 /// Longest pause between two attempts to bind the plugin socket.
 const MAX_BIND_BACKOFF: Duration = Duration::from_secs(5);
+/// A registered plugin checks its own socket every this many polls when
+/// kubelet.sock has not changed (kubelet's restarts are published by the
+/// node's one watcher of kubelet.sock at once).
+const OWN_SOCKET_CHECK_POLLS: u32 = 50;
 /// Longest pause between two registration attempts.
 const MAX_REGISTER_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -418,9 +422,20 @@ async fn generation<L: ClaimStore, C: ClaimStore>(
             }
         }
     };
+    // Registered: kubelet restarting re-creates kubelet.sock, which the
+    // one watcher of the node publishes; only then does a plugin look (a
+    // fresh stat of both sockets). A thousand plugins do not poll. A plugin
+    // socket removed by anything else is noticed at the next slow check.
+    let own_check = site.poll.saturating_mul(OWN_SOCKET_CHECK_POLLS);
     loop {
-        if wait_or_stop(stop, site.poll).await {
-            return End::Stop;
+        tokio::select! {
+            () = stop.cancelled() => return End::Stop,
+            changed = kubelet.changed() => {
+                if changed.is_err() && wait_or_stop(stop, site.poll).await {
+                    return End::Stop;
+                }
+            }
+            () = tokio::time::sleep(own_check) => {}
         }
         if !socket.is_in_place() {
             return End::Restart("plugin socket removed (kubelet restarted)");

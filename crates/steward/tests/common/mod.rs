@@ -380,6 +380,11 @@ impl NodeDirs {
         }
     }
 
+    /// kubelet's root directory given to this node's agent.
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.dir.join(format!("{}-kubelet", self.name))
+    }
+
     /// `steward agent` in Kubernetes mode (through `cluster`'s kubeconfig),
     /// no embedded handlers, offline grace `grace` (e.g. `3s`).
     pub fn spawn_agent(&self, cluster: &Cluster, grace: &str) -> anyhow::Result<Proc> {
@@ -408,7 +413,7 @@ impl NodeDirs {
             // Never the host's: kubelet's directory and the CDI spec
             // directory of this node are the test's own.
             "--kubelet-dir".into(),
-            self.dir.join(format!("{}-kubelet", self.name)).into(),
+            self.kubelet_dir().into(),
             "--cdi-dir".into(),
             self.dir.join(format!("{}-cdi", self.name)).into(),
         ];
