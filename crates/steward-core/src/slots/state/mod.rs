@@ -401,12 +401,19 @@ impl SlotLedger {
     /// Frees `slot` and removes its records.
     pub(super) fn free(&mut self, slot: &str, effects: &mut Vec<Effect>) {
         if let Some(c) = self.claims.remove(slot) {
-            // One record per slot: with another node's claim there, the
-            // cluster holds nothing of ours to remove.
+            // One record per slot. With another node's claim seen there, ours
+            // is in the cluster only if we wrote it before that node's claim
+            // was seen: a stale event (the watch lags; the other node had
+            // released the slot before our write). Then ours is deleted
+            // there too; the delete removes only this node's record, so a
+            // claim the other node really holds is never touched.
             let target = if self.others.contains_key(slot) {
                 self.unsynced.remove(slot);
-                self.in_cluster.remove(slot);
-                Target::Local
+                if self.in_cluster.remove(slot) && self.reachable {
+                    Target::Both
+                } else {
+                    Target::Local
+                }
             } else {
                 self.target_for(slot)
             };
