@@ -243,6 +243,7 @@ fn device_plugins(
         readiness: cfg.readiness.clone(),
         events: Some(events),
         with_core: Vec::new(),
+        extended_through_dra: cfg.dra_plugin.is_some() && cfg.dra_slices,
     };
     if let Some(dra) = cfg.dra_plugin.clone() {
         let (client, readiness) = (client.clone(), cfg.readiness.clone());

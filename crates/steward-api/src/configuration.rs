@@ -21,6 +21,16 @@ pub const DEFAULT_ALLOWED_HOST_PATH: &str = "/dev/";
 pub const CONDITION_DETAILS_VALID: &str = "DetailsValid";
 /// Condition type: at least one handler is actively discovering for this Configuration.
 pub const CONDITION_DISCOVERING: &str = "Discovering";
+/// Condition type, written by the controller for a Configuration with
+/// `draExtendedResources`: `True` once its Instances' DeviceClasses carry
+/// `extendedResourceName`, `False` when the API server drops that field
+/// (DRAExtendedResource off, as on Kubernetes 1.35), in which case agents
+/// serve the Instances through their device plugins.
+pub const CONDITION_DRA_EXTENDED_RESOURCES: &str = "DRAExtendedResources";
+/// Its reason when `True`.
+pub const REASON_CLASSES_WRITTEN: &str = "ClassesWritten";
+/// Its reason when `False`.
+pub const REASON_FEATURE_OFF: &str = "FeatureGateOff";
 
 /// A Configuration names a discovery handler, the free-form details it parses,
 /// and the policy the agent applies to what it reports.
@@ -79,6 +89,17 @@ pub struct ConfigurationSpec {
     #[serde(default = "default_allowed_host_paths")]
     #[x_kube(validation = kube::core::Rule::new("self.all(p, p.startsWith('/'))").message("allowedHostPaths must be absolute path prefixes"))]
     pub allowed_host_paths: Vec<String>,
+    /// Serve this Configuration's Instances to unchanged pods through DRA
+    /// (Kubernetes 1.36+, KEP-5004): the controller gives each Instance a
+    /// DeviceClass with `extendedResourceName: steward.dev/<instance>`, and
+    /// agents running with `--dra` register no device plugin for those
+    /// Instances, so on their nodes the scheduler allocates a device for
+    /// `steward.dev/<instance>: 1`. Nodes whose agent runs without `--dra`
+    /// keep serving the device plugin. Set it before the Configuration's
+    /// devices are served: a device plugin withdrawn from a node stays in
+    /// its capacity at 0. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dra_extended_resources: bool,
 }
 
 /// Which discovery handler, and the details it parses.
@@ -178,6 +199,23 @@ fn default_allowed_host_paths() -> Vec<String> {
     vec![DEFAULT_ALLOWED_HOST_PATH.to_string()]
 }
 
+impl Configuration {
+    /// Whether agents running the DRA driver serve this Configuration's
+    /// Instances through DRA only (no device plugin): it opted in with
+    /// `draExtendedResources` and the controller has not found the cluster
+    /// dropping `extendedResourceName`. Known before any Instance exists,
+    /// so a node never registers a device plugin it would withdraw (kubelet
+    /// keeps a withdrawn resource in the node's capacity at 0).
+    pub fn served_through_dra(&self) -> bool {
+        self.spec.dra_extended_resources
+            && !self.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == CONDITION_DRA_EXTENDED_RESOURCES && c.status == "False")
+            })
+    }
+}
+
 impl ConfigurationSpec {
     /// A spec with the documented defaults for everything but the handler.
     pub fn new(handler: impl Into<String>, details: impl Into<String>) -> Self {
@@ -191,6 +229,7 @@ impl ConfigurationSpec {
             broker_properties: BTreeMap::new(),
             max_devices: DEFAULT_MAX_DEVICES,
             allowed_host_paths: default_allowed_host_paths(),
+            dra_extended_resources: false,
         }
     }
 }

@@ -35,6 +35,12 @@ pub struct NodeServing {
     pub message: Option<String>,
     /// When `registered` last changed.
     pub since: Time,
+    /// Served through DRA on this node instead of a device plugin: its
+    /// Configuration has `draExtendedResources` and the node's agent runs
+    /// with `--dra`, so kube-scheduler allocates the Instance's devices
+    /// for `steward.dev/<instance>` here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub through_dra: bool,
 }
 
 impl InstanceStatus {
@@ -50,24 +56,55 @@ impl InstanceStatus {
         generation: Option<i64>,
         now: Time,
     ) -> bool {
+        let entry = serving.map(|(registered, message)| (registered, message, false));
+        self.set_entry(node, entry, spec_nodes, generation, now)
+    }
+
+    /// Marks `node` as serving the Instance through DRA (no device plugin
+    /// there), which counts as served for `Ready`; otherwise as
+    /// [`InstanceStatus::set_serving`].
+    pub fn set_served_through_dra(
+        &mut self,
+        node: &str,
+        spec_nodes: &[String],
+        generation: Option<i64>,
+        now: Time,
+    ) -> bool {
+        self.set_entry(node, Some((false, None, true)), spec_nodes, generation, now)
+    }
+
+    fn set_entry(
+        &mut self,
+        node: &str,
+        serving: Option<(bool, Option<String>, bool)>,
+        spec_nodes: &[String],
+        generation: Option<i64>,
+        now: Time,
+    ) -> bool {
         let before = self.clone();
         match serving {
             None => self.nodes.retain(|n| n.node != node),
-            Some((registered, message)) => {
-                let message = if registered { None } else { message };
+            Some((registered, message, through_dra)) => {
+                let message = if registered || through_dra {
+                    None
+                } else {
+                    message
+                };
                 match self.nodes.iter_mut().find(|n| n.node == node) {
                     Some(e) => {
-                        if e.registered != registered {
+                        if e.registered != registered || e.through_dra != through_dra {
                             e.since = now.clone();
                         }
                         e.registered = registered;
                         e.message = message;
+                        e.through_dra = through_dra;
                     }
                     None => self.nodes.push(NodeServing {
                         node: node.to_owned(),
                         registered,
                         message,
                         since: now.clone(),
+                        through_dra,
                     }),
                 }
             }
@@ -99,7 +136,7 @@ impl InstanceStatus {
             .iter()
             .filter_map(|n| match self.nodes.iter().find(|e| &&e.node == n) {
                 None => Some(format!("node {n}: no device plugin yet")),
-                Some(e) if !e.registered => Some(format!(
+                Some(e) if !e.registered && !e.through_dra => Some(format!(
                     "node {n}: {}",
                     e.message
                         .as_deref()
@@ -109,12 +146,20 @@ impl InstanceStatus {
             })
             .collect();
         if problems.is_empty() {
-            let names: Vec<&str> = sorted.iter().map(|s| s.as_str()).collect();
-            (
-                "True",
-                REASON_SERVED,
-                format!("registered with kubelet on {}", some_of(&names, "node")),
-            )
+            let (dra, plugin): (Vec<&str>, Vec<&str>) = sorted
+                .iter()
+                .map(|s| s.as_str())
+                .partition(|n| self.nodes.iter().any(|e| e.node == *n && e.through_dra));
+            let message = match (plugin.is_empty(), dra.is_empty()) {
+                (_, true) => format!("registered with kubelet on {}", some_of(&plugin, "node")),
+                (true, false) => format!("served through DRA on {}", some_of(&dra, "node")),
+                (false, false) => format!(
+                    "registered with kubelet on {}; served through DRA on {}",
+                    some_of(&plugin, "node"),
+                    some_of(&dra, "node")
+                ),
+            };
+            ("True", REASON_SERVED, message)
         } else {
             let refs: Vec<&str> = problems.iter().map(String::as_str).collect();
             ("False", REASON_NOT_SERVED, some_of_sep(&refs, "; "))
@@ -191,6 +236,33 @@ mod tests {
         assert_eq!(c.last_transition_time, at(3));
         assert_eq!(s.nodes[1].since, at(3));
         assert_eq!(s.nodes[1].message, None);
+    }
+
+    #[test]
+    fn a_node_serving_through_dra_counts_as_served() {
+        let spec = nodes(&["a", "b"]);
+        let mut s = InstanceStatus::default();
+        assert!(s.set_serving("a", Some((true, None)), &spec, Some(1), at(1)));
+        assert!(s.set_served_through_dra("b", &spec, Some(1), at(2)));
+        assert_eq!(
+            ready(&s),
+            (
+                "True",
+                REASON_SERVED,
+                "registered with kubelet on a; served through DRA on b"
+            )
+        );
+        assert!(!s.set_served_through_dra("b", &spec, Some(1), at(3)));
+        assert!(s.set_served_through_dra("a", &spec, Some(1), at(4)));
+        assert_eq!(
+            ready(&s),
+            ("True", REASON_SERVED, "served through DRA on a, b")
+        );
+        // Back to a device plugin that is not registered yet.
+        assert!(s.set_serving("b", Some((false, None)), &spec, Some(1), at(5)));
+        assert_eq!(s.nodes[1].since, at(5));
+        assert!(!s.nodes[1].through_dra);
+        assert_eq!(ready(&s).0, "False");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod discovery;
 pub mod dra;
+pub mod extended_resource;
 pub mod ledger;
 pub mod quantity;
 pub mod reservation;

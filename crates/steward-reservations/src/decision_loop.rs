@@ -101,7 +101,7 @@ pub async fn run(
         cfg.metrics.leading.set(1);
         let ended = tokio::select! {
             () = decide(client.clone(), &cfg, events.clone()) => false,
-            () = device_classes(client.clone(), cfg.device_classes) => false,
+            () = device_classes(client.clone(), cfg.device_classes, events.clone()) => false,
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
                 false
@@ -123,9 +123,9 @@ pub async fn run(
 
 /// Keeps the DeviceClasses while leading when `on`; never returns (not
 /// even when the cluster does not serve DeviceClasses: the decisions go on).
-async fn device_classes(client: kube::Client, on: bool) {
+async fn device_classes(client: kube::Client, on: bool, events: EventSink) {
     if on {
-        crate::deviceclass::maintain(client).await;
+        crate::deviceclass::maintain(client, events).await;
     }
     std::future::pending::<()>().await;
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, PostParams};
@@ -19,7 +20,9 @@ use serde_json::json;
 use steward_api::{
     Configuration, ConfigurationSpec, Instance, InstanceSpec, PodRef, Reservation, ReservationSpec,
 };
-use steward_reservations::deviceclass::{CONFIGURATION_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL};
+use steward_reservations::deviceclass::{
+    CONFIGURATION_ANNOTATION, DEVICE_CLASS_TAKEN, INSTANCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL,
+};
 use steward_reservations::{ControllerConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio::task::JoinHandle;
@@ -103,6 +106,22 @@ async fn foreign_class(api: &ApiServer, name: &str) -> DeviceClass {
         .create(&PostParams::default(), &c)
         .await
         .unwrap()
+}
+
+/// Polls `f` until it gives something, within [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Polls `name` until `ok` holds for it (`None`: absent), within [`WAIT`].
@@ -189,6 +208,27 @@ async fn each_configuration_gets_its_class_written_by_the_leader_only() {
         assert_eq!(now.spec, before.spec);
         assert!(!now.labels().contains_key(MANAGED_BY_LABEL));
     }
+    // The Configuration whose class name was taken is told so.
+    let warned = eventually("a DeviceClassNameTaken Event", || async {
+        let events = Api::<Event>::namespaced(api.client(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        events.into_iter().find(|e| {
+            e.reason.as_deref() == Some(DEVICE_CLASS_TAKEN)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("mics")
+        })
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    assert!(
+        warned
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("mics.default.steward.dev")),
+        "{warned:?}"
+    );
 
     // Only the Lease holder wrote classes (the test's own writes carry no
     // user).
@@ -292,6 +332,118 @@ async fn classes_are_written_on_change_only_and_removed_with_their_configuration
     c.stop().await;
 }
 
+/// `spec.draExtendedResources`: each Instance of the Configuration gets a
+/// class with `extendedResourceName: steward.dev/<instance>` selecting its
+/// devices; a new Instance gets one, a deleted one loses it, and opting out
+/// removes them all while the Configuration's own class stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opted_in_configurations_get_an_extended_resource_class_per_instance() {
+    let api = setup(true).await;
+    let mut spec = ConfigurationSpec::new("debug-echo", "");
+    spec.dra_extended_resources = true;
+    let configs = Api::<Configuration>::namespaced(api.client(), "default");
+    configs
+        .create(&PostParams::default(), &Configuration::new("cams", spec))
+        .await
+        .unwrap();
+    configuration(&api, "default", "mics").await;
+    let instances = Api::<Instance>::namespaced(api.client(), "default");
+    for (name, config) in [("cams-1", "cams"), ("mics-1", "mics")] {
+        instances
+            .create(&PostParams::default(), &instance(name, config))
+            .await
+            .unwrap();
+    }
+    let c = Controller::start(&api, "replica-a", true);
+    let class1 = class(&api, "cams-1.default.instance.steward.dev").await;
+    assert_eq!(
+        class1.spec.extended_resource_name.as_deref(),
+        Some("steward.dev/cams-1")
+    );
+    assert_eq!(
+        expression(&class1),
+        r#"device.driver == "steward.dev" && device.attributes["steward.dev"].namespace == "default" && device.attributes["steward.dev"].instance == "cams-1""#
+    );
+    assert_eq!(
+        class1
+            .annotations()
+            .get(INSTANCE_ANNOTATION)
+            .map(String::as_str),
+        Some("default/cams-1")
+    );
+    // The Configuration's own class has no extended resource.
+    let own = class(&api, "cams.default.steward.dev").await;
+    assert_eq!(own.spec.extended_resource_name, None);
+
+    // A new Instance gets its class; a deleted one loses it.
+    instances
+        .create(&PostParams::default(), &instance("cams-2", "cams"))
+        .await
+        .unwrap();
+    class(&api, "cams-2.default.instance.steward.dev").await;
+    instances
+        .delete("cams-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    class_until(
+        &api,
+        "cams-1.default.instance.steward.dev",
+        "went away",
+        |c| c.is_none(),
+    )
+    .await;
+
+    // Opting out: the Instance classes go, the Configuration's stays.
+    let mut cams = configs.get("cams").await.unwrap();
+    cams.spec.dra_extended_resources = false;
+    configs
+        .replace("cams", &PostParams::default(), &cams)
+        .await
+        .unwrap();
+    class_until(
+        &api,
+        "cams-2.default.instance.steward.dev",
+        "went away",
+        |c| c.is_none(),
+    )
+    .await;
+    barrier(&api, "zz-sync").await;
+    let left: Vec<String> = Api::<DeviceClass>::all(api.client())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "cams.default.steward.dev",
+            "mics.default.steward.dev",
+            "zz-sync.default.steward.dev"
+        ]
+    );
+    c.stop().await;
+}
+
+fn instance(name: &str, config: &str) -> Instance {
+    Instance::new(
+        name,
+        InstanceSpec {
+            configuration_name: config.into(),
+            device_id: name.into(),
+            shared: false,
+            nodes: vec!["n1".into()],
+            capacity: 2,
+            properties: BTreeMap::new(),
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+            cdi_name: format!("steward.dev/{config}={name}"),
+        },
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_dra_api_reservations_are_still_decided() {
     let api = setup(false).await;
@@ -365,7 +517,8 @@ async fn without_the_dra_api_reservations_are_still_decided() {
 async fn without_the_dra_api_the_class_keeper_stops_at_once() {
     let api = setup(false).await;
     configuration(&api, "default", "cams").await;
-    let keeper = steward_reservations::deviceclass::maintain(api.client());
+    let (events, _task) = steward_kube::EventSink::start(api.client(), "test", "test");
+    let keeper = steward_reservations::deviceclass::maintain(api.client(), events);
     tokio::time::timeout(WAIT, keeper)
         .await
         .expect("the class keeper kept trying without resource.k8s.io/v1");

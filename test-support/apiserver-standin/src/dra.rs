@@ -10,19 +10,119 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use crate::types::ResourceType;
 use crate::workloads::kind;
 
+/// The DRA feature gates whose fields steward writes. A field of a gate
+/// that is off is dropped on write, as kube-apiserver drops disabled fields
+/// (here by taking it out of the structural schema, so it is pruned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraFeatures {
+    /// `DRAExtendedResource`: `DeviceClass.spec.extendedResourceName`.
+    pub extended_resource: bool,
+    /// `DRADeviceTaints`: `ResourceSlice.spec.devices[].taints`.
+    pub device_taints: bool,
+}
+
+impl Default for DraFeatures {
+    /// Kubernetes 1.36's defaults: both on.
+    fn default() -> Self {
+        Self {
+            extended_resource: true,
+            device_taints: true,
+        }
+    }
+}
+
+impl DraFeatures {
+    /// Kubernetes 1.35's defaults: both alpha, off.
+    pub fn kubernetes_1_35() -> Self {
+        Self {
+            extended_resource: false,
+            device_taints: false,
+        }
+    }
+}
+
 /// ResourceSlices, DeviceClasses and ResourceClaims.
 pub fn kinds() -> Vec<ResourceType> {
+    kinds_with(DraFeatures::default())
+}
+
+/// The same, with `features`.
+pub fn kinds_with(features: DraFeatures) -> Vec<ResourceType> {
     let group = "resource.k8s.io";
+    let mut slices = kind::<ResourceSlice>(group, "ResourceSlice", "resourceslices", false, false);
+    let mut classes = kind::<DeviceClass>(group, "DeviceClass", "deviceclasses", false, false);
+    if !features.device_taints {
+        drop_field(&mut slices, &["spec", "devices", "[]", "taints"]);
+    }
+    if !features.extended_resource {
+        drop_field(&mut classes, &["spec", "extendedResourceName"]);
+    }
     vec![
-        kind::<ResourceSlice>(group, "ResourceSlice", "resourceslices", false, false),
-        kind::<DeviceClass>(group, "DeviceClass", "deviceclasses", false, false),
+        slices,
+        classes,
         kind::<ResourceClaim>(group, "ResourceClaim", "resourceclaims", true, true),
     ]
+}
+
+/// Takes the field at `path` (`[]`: the items of an array) out of the
+/// kind's schema.
+fn drop_field(rt: &mut ResourceType, path: &[&str]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut node = rt.schema.as_mut();
+    for step in parents {
+        node = node.and_then(|n| {
+            if *step == "[]" {
+                n.get_mut("items")
+            } else {
+                n.get_mut("properties").and_then(|p| p.get_mut(*step))
+            }
+        });
+    }
+    if let Some(props) = node
+        .and_then(|n| n.get_mut("properties"))
+        .and_then(|p| p.as_object_mut())
+    {
+        props.remove(*last);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gated_fields_leave_the_schema_when_their_gate_is_off() {
+        let off = kinds_with(DraFeatures::kubernetes_1_35());
+        let on = kinds();
+        let field = |kinds: &[ResourceType], kind: &str, path: &[&str]| {
+            let mut n = kinds
+                .iter()
+                .find(|k| k.kind == kind)
+                .unwrap()
+                .schema
+                .clone()
+                .unwrap();
+            for step in path {
+                n = if *step == "[]" {
+                    n["items"].clone()
+                } else {
+                    n["properties"][*step].clone()
+                };
+            }
+            !n.is_null()
+        };
+        let taints = ["spec", "devices", "[]", "taints"];
+        let ern = ["spec", "extendedResourceName"];
+        assert!(field(&on, "ResourceSlice", &taints) && field(&on, "DeviceClass", &ern));
+        assert!(!field(&off, "ResourceSlice", &taints) && !field(&off, "DeviceClass", &ern));
+        assert!(field(
+            &off,
+            "ResourceSlice",
+            &["spec", "devices", "[]", "attributes"]
+        ));
+    }
 
     #[test]
     fn slices_have_a_schema_down_to_device_attributes() {

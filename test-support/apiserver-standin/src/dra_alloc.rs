@@ -14,7 +14,10 @@
 //! Subset: requests must be `exactly` (`firstAvailable` is refused) with
 //! `allocationMode` `ExactCount` (default, `count` default 1) or `All`;
 //! `constraints` only `matchAttribute` ([`constraints`]); no `adminAccess`,
-//! capacity requests, device taints, shared counters or binding conditions. CEL run-time errors (a missing attribute)
+//! capacity requests, shared counters or binding conditions. Device taints
+//! with effect `NoSchedule` or `NoExecute` keep a device from requests
+//! that do not tolerate them (`exactly.tolerations`); the tolerations are
+//! not copied into the allocation result, and `NoExecute` evicts nothing. CEL run-time errors (a missing attribute)
 //! fail the allocation like kube-scheduler's "CEL runtime error"; use
 //! `device.driver == "…" && …` so other drivers' devices are rejected first.
 //! `allocation.nodeSelector` always names the node (kube-scheduler leaves it
@@ -429,8 +432,15 @@ pub(crate) fn allocate(
         let mode = exact.allocation_mode.as_deref().unwrap_or("ExactCount");
         let mut free = Vec::new();
         let mut busy = 0usize;
+        let mut tainted = 0usize;
+        let tolerations = exact.tolerations.as_deref().unwrap_or_default();
         for c in &world.candidates {
             if taken.contains(&c.id) {
+                continue;
+            }
+            if dra_select::blocking_taint(c, tolerations).is_some() {
+                // Diagnostics only, as for devices in use.
+                tainted += usize::from(selectors.matches(&c.cel) == Ok(true));
                 continue;
             }
             if world.in_use.contains(&c.id) {
@@ -468,7 +478,7 @@ pub(crate) fn allocate(
                         claim: claim.to_string(),
                         request: request.name.clone(),
                         message: format!(
-                            "needs {want} device(s) of class {} on node {node}, {} free match the selectors ({busy} more are allocated to other claims)",
+                            "needs {want} device(s) of class {} on node {node}, {} free match the selectors ({busy} more are allocated to other claims, {tainted} tainted)",
                             exact.device_class_name,
                             free.len()
                         ),
@@ -477,12 +487,12 @@ pub(crate) fn allocate(
                 (free, want)
             }
             "All" => {
-                if busy > 0 || free.is_empty() {
+                if busy > 0 || tainted > 0 || free.is_empty() {
                     return Err(AllocError::Unsatisfiable {
                         claim: claim.to_string(),
                         request: request.name.clone(),
                         message: format!(
-                            "asks for all devices of class {} on node {node}: {} free, {busy} allocated to other claims",
+                            "asks for all devices of class {} on node {node}: {} free, {busy} allocated to other claims, {tainted} tainted",
                             exact.device_class_name,
                             free.len()
                         ),

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
-use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceAttribute, DeviceTaint, DeviceToleration, ResourceSlice,
+};
 
 use crate::dra_cel::{CelDevice, Value};
 
@@ -44,6 +46,8 @@ pub struct Candidate {
     pub id: DeviceId,
     /// What CEL selectors see of it.
     pub cel: CelDevice,
+    /// `devices[].taints` (DRADeviceTaints).
+    pub taints: Vec<DeviceTaint>,
 }
 
 fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> Result<bool, String> {
@@ -142,6 +146,35 @@ pub fn cel_attributes(
         .collect()
 }
 
+/// Whether `toleration` tolerates `taint` (core/v1 taint semantics:
+/// `Exists` with no key tolerates everything; an empty effect any effect).
+fn tolerates(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    if !effect.is_empty() && effect != taint.effect {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        _ => !key.is_empty() && toleration.value.as_deref() == taint.value.as_deref(),
+    }
+}
+
+/// The first taint of `candidate` that keeps a request with `tolerations`
+/// from allocating it: effect `NoSchedule` or `NoExecute`, not tolerated.
+pub fn blocking_taint<'a>(
+    candidate: &'a Candidate,
+    tolerations: &[DeviceToleration],
+) -> Option<&'a DeviceTaint> {
+    candidate.taints.iter().find(|t| {
+        matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+            && !tolerations.iter().any(|tol| tolerates(tol, t))
+    })
+}
+
 /// The devices `node` can use: devices of slices (or, with
 /// `perDeviceNodeSelection`, single devices) for this node by `nodeName`,
 /// `nodeSelector` or `allNodes`, taken only from the newest generation of
@@ -212,6 +245,7 @@ pub fn candidates(slices: &[ResourceSlice], node: &NodeInfo) -> Result<Vec<Candi
                     driver: spec.driver.clone(),
                     attributes,
                 },
+                taints: d.taints.clone().unwrap_or_default(),
             });
         }
     }

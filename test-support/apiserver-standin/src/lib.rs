@@ -15,6 +15,7 @@ pub mod client;
 pub mod dra;
 pub mod dra_alloc;
 pub mod dra_cel;
+pub mod dra_extended;
 mod dra_select;
 mod error;
 pub mod kube_tools;
@@ -204,7 +205,13 @@ impl ApiServer {
     /// Also serves `resource.k8s.io/v1` ResourceSlices, DeviceClasses and
     /// ResourceClaims ([`dra`]).
     pub fn serve_dra(&self) {
-        for rt in dra::kinds() {
+        self.serve_dra_with(dra::DraFeatures::default());
+    }
+
+    /// [`ApiServer::serve_dra`] with some DRA feature gates off (their
+    /// fields dropped on write, as on a Kubernetes 1.35 cluster).
+    pub fn serve_dra_with(&self, features: dra::DraFeatures) {
+        for rt in dra::kinds_with(features) {
             self.register(rt);
         }
     }

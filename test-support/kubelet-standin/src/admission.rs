@@ -116,6 +116,16 @@ pub(crate) async fn add_pod(shared: &Arc<Shared>, mut spec: PodSpec) -> Result<A
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
     };
     spec.uid = Some(uid.clone());
+    // Extended resources the scheduler backed by DRA on this node are
+    // served from the claim it made, not by a device plugin.
+    if let Some(api) = &shared.api
+        && let Some(claim) = mirror::extended_resource_claim(api, &spec).await?
+    {
+        spec = spec
+            .with_extended_claim(&claim)
+            .map_err(Error::InvalidPod)?;
+        spec.validate().map_err(Error::InvalidPod)?;
+    }
     {
         let mut st = shared.lock();
         st.pods.insert(

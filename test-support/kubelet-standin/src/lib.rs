@@ -60,7 +60,10 @@ pub use error::{Error, go_status_text};
 pub use manager::{ContainerDevices, ResourceState};
 pub use names::is_extended_resource_name;
 pub use plugin_registry::DraPlugin;
-pub use pods::{ContainerClaim, ContainerSpec, Phase, PodResourceClaim, PodSpec, PodStatus};
+pub use pods::{
+    ContainerClaim, ContainerSpec, EXTENDED_RESOURCE_CLAIM, ExtendedRequest, ExtendedResourceClaim,
+    Phase, PodResourceClaim, PodSpec, PodStatus,
+};
 pub use shared::{CHECKPOINT_FILE, PODS_FILE, Paths};
 
 use manager::State;

@@ -18,7 +18,9 @@ use tracing::debug;
 
 use crate::dra::FAILED_PREPARE_DYNAMIC_RESOURCES;
 use crate::error::Error;
-use crate::pods::{ContainerSpec, Phase, PodSpec, PodStatus};
+use crate::pods::{
+    ContainerSpec, ExtendedRequest, ExtendedResourceClaim, Phase, PodSpec, PodStatus,
+};
 
 /// Image name put in mirrored containers (nothing is pulled or run).
 const PLACEHOLDER_IMAGE: &str = "pause";
@@ -98,6 +100,32 @@ pub(crate) async fn existing_pod_uid(
 ) -> Result<Option<String>, Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
     Ok(api.get_opt(&spec.name).await?.and_then(|p| p.metadata.uid))
+}
+
+/// The pod's `status.extendedResourceClaimStatus`, if the scheduler wrote
+/// one.
+pub(crate) async fn extended_resource_claim(
+    client: &kube::Client,
+    spec: &PodSpec,
+) -> Result<Option<ExtendedResourceClaim>, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &spec.namespace);
+    let status = api
+        .get_opt(&spec.name)
+        .await?
+        .and_then(|p| p.status)
+        .and_then(|s| s.extended_resource_claim_status);
+    Ok(status.map(|s| ExtendedResourceClaim {
+        resource_claim_name: s.resource_claim_name,
+        mappings: s
+            .request_mappings
+            .into_iter()
+            .map(|m| ExtendedRequest {
+                container: m.container_name,
+                resource: m.resource_name,
+                request: m.request_name,
+            })
+            .collect(),
+    }))
 }
 
 /// Records a Warning event about the pod, as kubelet's event recorder does.

@@ -69,6 +69,26 @@ pub struct PodResourceClaim {
     pub resource_claim_name: String,
 }
 
+/// The name under which the stand-in lists the scheduler's claim for a
+/// pod's extended resources among the pod's claims.
+pub const EXTENDED_RESOURCE_CLAIM: &str = "extended-resources";
+
+/// One (container, extended resource) the scheduler backed by a request of
+/// the pod's extended-resource claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendedRequest {
+    pub container: String,
+    pub resource: String,
+    pub request: String,
+}
+
+/// A pod's `status.extendedResourceClaimStatus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendedResourceClaim {
+    pub resource_claim_name: String,
+    pub mappings: Vec<ExtendedRequest>,
+}
+
 /// A pod to admit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodSpec {
@@ -125,6 +145,40 @@ impl PodSpec {
             resource_claim_name: claim_name.into(),
         });
         self
+    }
+
+    /// The pod as kubelet serves it once the scheduler backed some of its
+    /// extended resources by DRA (`status.extendedResourceClaimStatus`,
+    /// KEP-5004): the claim joins the pod's claims as
+    /// [`EXTENDED_RESOURCE_CLAIM`], and each mapped container uses its
+    /// request instead of asking a device plugin for the resource.
+    pub(crate) fn with_extended_claim(
+        mut self,
+        claim: &ExtendedResourceClaim,
+    ) -> Result<Self, String> {
+        for m in &claim.mappings {
+            let Some(c) = self
+                .init_containers
+                .iter_mut()
+                .chain(self.containers.iter_mut())
+                .find(|c| c.name == m.container)
+            else {
+                return Err(format!(
+                    "extendedResourceClaimStatus maps container {:?}, which the pod does not have",
+                    m.container
+                ));
+            };
+            c.resources.remove(&m.resource);
+            c.claims.push(ContainerClaim {
+                name: EXTENDED_RESOURCE_CLAIM.to_owned(),
+                request: Some(m.request.clone()),
+            });
+        }
+        self.resource_claims.push(PodResourceClaim {
+            name: EXTENDED_RESOURCE_CLAIM.to_owned(),
+            resource_claim_name: claim.resource_claim_name.clone(),
+        });
+        Ok(self)
     }
 
     /// The ResourceClaim name behind the pod claim `name`.

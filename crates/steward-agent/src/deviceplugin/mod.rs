@@ -137,6 +137,12 @@ pub struct DevicePluginParts<L, C> {
     /// Tasks that serve on the same slot ledger (the DRA kubelet plugin),
     /// started with it and stopped with the plugins.
     pub(crate) with_core: Vec<CoreTask<L, C>>,
+    /// This node publishes its devices and prepares claims (DRA driver on):
+    /// the Instances of Configurations with `draExtendedResources` are
+    /// served through DRA here ([`steward_api::Configuration::served_through_dra`]),
+    /// and their device plugins are not registered with kubelet (a node
+    /// must not offer one extended resource both ways).
+    pub(crate) extended_through_dra: bool,
 }
 
 /// A task given the slot keeper (weakly: it answers Unavailable once the
@@ -147,6 +153,8 @@ pub(crate) type CoreTask<L, C> = Box<
 
 struct Running {
     inst: ServedInstance,
+    /// The Instance's device list (what ListAndWatch sends).
+    devices: tokio::sync::watch::Receiver<Vec<steward_proto::deviceplugin::v1beta1::Device>>,
     stop: tokio_util::sync::CancellationToken,
     task: tokio_util::task::AbortOnDropHandle<()>,
 }
@@ -171,6 +179,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         readiness,
         events,
         with_core,
+        extended_through_dra,
     } = parts;
     readiness.not_ready("device-plugins", "recovering the slot ledger");
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
@@ -256,6 +265,12 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         cdi_dir: config.cdi_dir.clone(),
         running: BTreeMap::new(),
         broker: initial.broker,
+        through_dra: if extended_through_dra {
+            initial.through_dra
+        } else {
+            BTreeSet::new()
+        },
+        extended_through_dra,
         metrics,
     };
     manager.apply_served(served).await;
@@ -303,6 +318,10 @@ struct Manager<L, C> {
     cdi_dir: Option<PathBuf>,
     running: BTreeMap<String, Running>,
     broker: BTreeMap<(String, String), BTreeMap<String, String>>,
+    /// Configurations whose Instances are served through DRA on this node
+    /// (empty unless `extended_through_dra`).
+    through_dra: BTreeSet<(String, String)>,
+    extended_through_dra: bool,
     metrics: DevicePluginMetrics,
 }
 
@@ -310,7 +329,19 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
     async fn on_catalog(&mut self, ev: CatalogEvent) {
         match ev {
             CatalogEvent::Instances(changes) => self.apply_served(changes).await,
-            CatalogEvent::Broker { key, props } => {
+            CatalogEvent::Broker {
+                key,
+                props,
+                through_dra,
+            } => {
+                let switched = if through_dra && self.extended_through_dra {
+                    self.through_dra.insert(key.clone())
+                } else {
+                    self.through_dra.remove(&key)
+                };
+                if switched {
+                    self.switch_path(&key);
+                }
                 let changed = self.broker.get(&key) != props.as_ref();
                 match &props {
                     Some(p) => {
@@ -350,7 +381,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
             if let Some(r) = self.running.remove(&name) {
                 touched.insert(r.inst.config_key());
                 self.core.instance_removed(&name).await;
-                stop(r, &self.site).await;
+                stop(r, self.site.clone()).await;
                 tracing::info!(instance = %name, "instance gone from this node; device plugin stopped");
             }
         }
@@ -364,10 +395,10 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                     let devices = self.core.instance_upserted(inst.clone()).await;
                     if restart {
                         if let Some(old) = self.running.remove(&name) {
-                            stop(old, &self.site).await;
+                            stop(old, self.site.clone()).await;
                         }
                         tracing::info!(instance = %name, capacity = inst.capacity, "instance changed; restarting its device plugin");
-                        let r = self.start(inst, devices);
+                        let r = self.start(inst, devices, None);
                         self.running.insert(name, r);
                     } else if let Some(r) = self.running.get_mut(&name) {
                         r.inst = inst;
@@ -377,7 +408,7 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                     touched.insert(inst.config_key());
                     let devices = self.core.instance_upserted(inst.clone()).await;
                     tracing::info!(instance = %name, resource = %inst.resource_name, capacity = inst.capacity, "starting device plugin");
-                    let r = self.start(inst, devices);
+                    let r = self.start(inst, devices, None);
                     self.running.insert(name, r);
                 }
             }
@@ -388,23 +419,61 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
         self.write_cdi(&touched);
     }
 
+    /// Restarts the plugins of Configuration `key`'s Instances on the path
+    /// [`Manager::start`] now picks (a device plugin, or DRA alone).
+    fn switch_path(&mut self, key: &(String, String)) {
+        let names: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| &r.inst.config_key() == key)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let Some(old) = self.running.remove(&name) else {
+                continue;
+            };
+            let site = self.site.clone();
+            let devices = old.devices.clone();
+            let inst = old.inst.clone();
+            // The old generation ends before the new one starts: the
+            // socket and the readiness entry are the same names.
+            let r = self.start(inst, devices, Some(stop(old, site)));
+            tracing::info!(instance = %name, through_dra = self.through_dra.contains(key), "instance's serving path changed");
+            self.running.insert(name, r);
+        }
+    }
+
+    /// Starts serving `inst`: its device plugin, or, for an Instance served
+    /// through DRA on this node, only its entry in the Instance status (the
+    /// slot ledger serves DRA either way). `after` runs first.
     fn start(
         &self,
         inst: ServedInstance,
         devices: tokio::sync::watch::Receiver<Vec<steward_proto::deviceplugin::v1beta1::Device>>,
+        after: Option<futures::future::BoxFuture<'static, ()>>,
     ) -> Running {
         let stop = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(plugin::run(
-            Arc::downgrade(&self.core),
+        let through_dra = self.through_dra.contains(&inst.config_key());
+        let (core, site, token) = (Arc::downgrade(&self.core), self.site.clone(), stop.clone());
+        let (namespace, name, resource) = (
             inst.namespace.clone(),
             inst.name.clone(),
             inst.resource_name.clone(),
-            self.site.clone(),
-            devices,
-            stop.clone(),
-        ));
+        );
+        let rx = devices.clone();
+        let task = tokio::spawn(async move {
+            if let Some(previous) = after {
+                previous.await;
+            }
+            if through_dra {
+                plugin::through_dra(namespace, name, site, token).await;
+            } else {
+                plugin::run(core, namespace, name, resource, site, rx, token).await;
+            }
+        });
         Running {
             inst,
+            devices,
             stop,
             task: tokio_util::task::AbortOnDropHandle::new(task),
         }
@@ -431,15 +500,17 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
 
     async fn stop_all(&mut self) {
         for (_, r) in std::mem::take(&mut self.running) {
-            stop(r, &self.site).await;
+            stop(r, self.site.clone()).await;
         }
     }
 }
 
-async fn stop(r: Running, site: &PluginSite) {
-    r.stop.cancel();
-    finish_task(r.task, Duration::from_secs(2)).await;
-    site.readiness.remove(&plugin::readiness_name(&r.inst.name));
-    site.serving
-        .report(&r.inst.namespace, &r.inst.name, serving::Serving::Stopped);
+fn stop(r: Running, site: PluginSite) -> futures::future::BoxFuture<'static, ()> {
+    Box::pin(async move {
+        r.stop.cancel();
+        finish_task(r.task, Duration::from_secs(2)).await;
+        site.readiness.remove(&plugin::readiness_name(&r.inst.name));
+        site.serving
+            .report(&r.inst.namespace, &r.inst.name, serving::Serving::Stopped);
+    })
 }

@@ -220,6 +220,21 @@ pub(crate) fn readiness_name(instance: &str) -> String {
     format!("device-plugin/{instance}")
 }
 
+/// Serves Instance `instance` through DRA only, until `stop`: no socket,
+/// no registration with kubelet (the node offers `steward.dev/<instance>`
+/// through its ResourceSlices, never twice); the Instance status says so.
+pub(crate) async fn through_dra(
+    namespace: String,
+    instance: String,
+    site: PluginSite,
+    stop: CancellationToken,
+) {
+    tracing::info!(%instance, "served through DRA on this node; no device plugin registered");
+    site.serving
+        .report(&namespace, &instance, Serving::ThroughDra);
+    stop.cancelled().await;
+}
+
 /// Why a generation of the server ended.
 enum End {
     Stop,

@@ -41,6 +41,8 @@ pub(crate) enum Serving {
     NotRegistered(String),
     /// The plugin stopped: this node no longer serves the Instance.
     Stopped,
+    /// Served through DRA on this node, no device plugin registered.
+    ThroughDra,
 }
 
 /// Latest registration state per Instance (namespace, name), waiting to be
@@ -125,7 +127,7 @@ async fn write_one(
     let entry = match serving {
         Serving::Registered => Some((true, None)),
         Serving::NotRegistered(why) => Some((false, Some(why.clone()))),
-        Serving::Stopped => None,
+        Serving::Stopped | Serving::ThroughDra => None,
     };
     let mut attempt = 0;
     loop {
@@ -134,13 +136,13 @@ async fn write_one(
             return Ok(());
         };
         let mut status = inst.status.take().unwrap_or_default();
-        let changed = status.set_serving(
-            node,
-            entry.clone(),
-            &inst.spec.nodes,
-            inst.metadata.generation,
-            Time(Timestamp::now()),
-        );
+        let now = Time(Timestamp::now());
+        let (spec_nodes, generation) = (&inst.spec.nodes, inst.metadata.generation);
+        let changed = if *serving == Serving::ThroughDra {
+            status.set_served_through_dra(node, spec_nodes, generation, now)
+        } else {
+            status.set_serving(node, entry.clone(), spec_nodes, generation, now)
+        };
         if !changed {
             return Ok(());
         }

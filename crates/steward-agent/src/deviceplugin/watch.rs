@@ -27,10 +27,13 @@ use crate::slot_keeper::{SlotKeeper, now};
 pub(crate) enum CatalogEvent {
     /// What changed in the set of Instances this node serves, by name.
     Instances(ServedChanges),
-    /// Broker properties of a Configuration (`None`: deleted).
+    /// Broker properties of a Configuration (`None`: deleted), and whether
+    /// its Instances are served through DRA only
+    /// ([`Configuration::served_through_dra`]; `false` when deleted).
     Broker {
         key: (String, String),
         props: Option<BTreeMap<String, String>>,
+        through_dra: bool,
     },
 }
 
@@ -116,6 +119,8 @@ pub(crate) fn pod_info(pod: &Pod, deleted: bool) -> Option<PodInfo> {
 pub(crate) struct Initial {
     pub served: BTreeMap<String, ServedInstance>,
     pub broker: BTreeMap<(String, String), BTreeMap<String, String>>,
+    /// Configurations whose Instances are served through DRA only.
+    pub through_dra: BTreeSet<(String, String)>,
     pub input: RecoveryInput,
 }
 
@@ -152,6 +157,7 @@ pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
         }
     }
     let mut broker = BTreeMap::new();
+    let mut through_dra = BTreeSet::new();
     match Api::<Configuration>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -159,6 +165,9 @@ pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
         Ok(list) => {
             for c in list.items {
                 if let Some(k) = key_of(&c.metadata) {
+                    if c.served_through_dra() {
+                        through_dra.insert(k.clone());
+                    }
                     broker.insert(k, c.spec.broker_properties.clone());
                 }
             }
@@ -192,6 +201,7 @@ pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
     Initial {
         served,
         broker,
+        through_dra,
         input: RecoveryInput {
             instances,
             local,
@@ -376,7 +386,8 @@ impl ServedIndex {
     }
 }
 
-/// Configurations of every namespace: their broker properties.
+/// Configurations of every namespace: their broker properties, and whether
+/// their Instances are served through DRA only.
 pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<CatalogEvent>) {
     let mut changes = follow(
         Api::<Configuration>::all(client),
@@ -385,7 +396,10 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
     .boxed();
     let mut known = Mirror::keyed(
         |c: &Configuration| key_of(&c.metadata),
-        |c: Configuration| Some(c.spec.broker_properties),
+        |c: Configuration| {
+            let through_dra = c.served_through_dra();
+            Some((c.spec.broker_properties, through_dra))
+        },
     );
     while let Some(change) = changes.next().await {
         let delta = match known.apply(change) {
@@ -400,13 +414,22 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
             .applied
             .into_iter()
             .map(|k| {
-                let props = known.get(&k).cloned();
-                (k, props)
+                let seen = known.get(&k).cloned();
+                (k, seen)
             })
             .collect();
         out.extend(delta.removed.into_iter().map(|(k, _)| (k, None)));
-        for (key, props) in out {
-            if tx.send(CatalogEvent::Broker { key, props }).await.is_err() {
+        for (key, seen) in out {
+            let (props, through_dra) = match seen {
+                Some((props, through_dra)) => (Some(props), through_dra),
+                None => (None, false),
+            };
+            let event = CatalogEvent::Broker {
+                key,
+                props,
+                through_dra,
+            };
+            if tx.send(event).await.is_err() {
                 return;
             }
         }

@@ -18,17 +18,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::watcher;
-use steward_api::Instance;
+use steward_api::{Instance, SlotClaim};
 use steward_core::dra::{
-    Attribute, DRIVER, DraInstance, PoolScope, SlicePlan, next_generation, plan, slice_name,
+    Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, PoolScope, SlicePlan, next_generation, plan,
+    slice_name,
 };
 use steward_kube::{Mirror, follow};
 use tokio_util::sync::CancellationToken;
@@ -71,8 +73,31 @@ fn attribute(a: &Attribute) -> DeviceAttribute {
     out
 }
 
-/// The spec of one planned slice at `generation`.
-fn spec(p: &SlicePlan, generation: i64) -> ResourceSliceSpec {
+/// The taint on a device whose slot is held through a device plugin.
+fn held_taint() -> DeviceTaint {
+    DeviceTaint {
+        key: HELD_TAINT_KEY.into(),
+        value: Some("device-plugin".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+/// Whether the API server keeps device taints (`DRADeviceTaints`), as the
+/// first write of a tainted device showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taints {
+    /// Not written yet: taints are sent.
+    Unknown,
+    Kept,
+    /// Dropped: the feature gate is off (Kubernetes 1.35's default).
+    /// Taints are no longer sent, so the slices stay what was stored.
+    Dropped,
+}
+
+/// The spec of one planned slice at `generation`; held slots tainted when
+/// `taints`.
+fn spec(p: &SlicePlan, generation: i64, taints: bool) -> ResourceSliceSpec {
     let (node_name, node_selector) = match &p.scope {
         PoolScope::Node(n) => (Some(n.clone()), None),
         PoolScope::Nodes(ns) => (
@@ -109,6 +134,7 @@ fn spec(p: &SlicePlan, generation: i64) -> ResourceSliceSpec {
                             .map(|(k, v)| (k.clone(), attribute(v)))
                             .collect(),
                     ),
+                    taints: (taints && d.held).then(|| vec![held_taint()]),
                     ..Device::default()
                 })
                 .collect(),
@@ -117,11 +143,35 @@ fn spec(p: &SlicePlan, generation: i64) -> ResourceSliceSpec {
     }
 }
 
-/// The spec with the pool generation zeroed (content comparison).
+/// The spec with the pool generation zeroed and the taints' `timeAdded`
+/// (set by the API server) cleared: what comparisons look at.
 fn content(s: &ResourceSliceSpec) -> ResourceSliceSpec {
     let mut s = s.clone();
     s.pool.generation = 0;
+    for d in s.devices.iter_mut().flatten() {
+        for t in d.taints.iter_mut().flatten() {
+            t.time_added = None;
+        }
+    }
     s
+}
+
+/// Whether `stored` is `wanted` (generation included).
+fn same(stored: &ResourceSliceSpec, wanted: &ResourceSliceSpec) -> bool {
+    stored.pool.generation == wanted.pool.generation && content(stored) == content(wanted)
+}
+
+/// Whether the server kept the taints `sent` had.
+fn kept_taints(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Option<bool> {
+    let count = |s: &ResourceSliceSpec| -> usize {
+        s.devices
+            .iter()
+            .flatten()
+            .map(|d| d.taints.as_ref().map_or(0, Vec::len))
+            .sum()
+    };
+    let sent = count(sent);
+    (sent > 0).then(|| count(stored) == sent)
 }
 
 /// The slices one node has written, as last seen.
@@ -131,6 +181,7 @@ pub struct SlicePublisher {
     label: String,
     /// slice name → the object as written (its resourceVersion).
     written: Option<BTreeMap<String, ResourceSlice>>,
+    taints: Taints,
 }
 
 impl SlicePublisher {
@@ -140,6 +191,7 @@ impl SlicePublisher {
             node: node.to_owned(),
             label: writer_label(node),
             written: None,
+            taints: Taints::Unknown,
         }
     }
 
@@ -167,6 +219,8 @@ impl SlicePublisher {
     pub async fn sync(&mut self, plans: &[SlicePlan]) -> Result<usize, kube::Error> {
         let label = self.label.clone();
         let api = self.api.clone();
+        let taints = self.taints != Taints::Dropped;
+        let mut taint_support = self.taints;
         let written = self.load().await?;
         // A slice wanted here that another node wrote (a shared pool whose
         // writer changed) is adopted: its generation and content count.
@@ -195,16 +249,16 @@ impl SlicePublisher {
                 && slices.iter().all(|p| {
                     written
                         .get(&slice_name(&p.pool, p.index))
-                        .is_some_and(|s| content(&s.spec) == content(&spec(p, 0)))
+                        .is_some_and(|s| content(&s.spec) == content(&spec(p, 0, taints)))
                 });
             let generation = next_generation(highest, unchanged);
             for p in slices {
-                wanted.insert(slice_name(&p.pool, p.index), spec(p, generation));
+                wanted.insert(slice_name(&p.pool, p.index), spec(p, generation, taints));
             }
         }
         let mut writes = 0;
         for (name, spec) in &wanted {
-            if written.get(name).is_some_and(|s| &s.spec == spec) {
+            if written.get(name).is_some_and(|s| same(&s.spec, spec)) {
                 continue;
             }
             let mut obj = ResourceSlice {
@@ -226,6 +280,19 @@ impl SlicePublisher {
             };
             match stored {
                 Ok(s) => {
+                    match kept_taints(spec, &s.spec) {
+                        Some(true) => taint_support = Taints::Kept,
+                        Some(false) if taint_support != Taints::Dropped => {
+                            warn!(
+                                "the API server dropped the device taints of ResourceSlice {name}: \
+                                 DRADeviceTaints is off (Kubernetes 1.35 has it off by default; on from 1.36). \
+                                 Slots held through device plugins stay allocatable to DRA claims, whose \
+                                 preparation is refused until the slot is free"
+                            );
+                            taint_support = Taints::Dropped;
+                        }
+                        _ => {}
+                    }
                     written.insert(name.clone(), s);
                     writes += 1;
                 }
@@ -260,6 +327,7 @@ impl SlicePublisher {
             }
             written.remove(&name);
         }
+        self.taints = taint_support;
         if writes > 0 {
             debug!(node = %self.node, writes, "ResourceSlices synced");
         }
@@ -278,21 +346,38 @@ fn dra_instance(i: &Instance) -> (String, DraInstance) {
             capacity: i.spec.capacity,
             nodes: i.spec.nodes.iter().cloned().collect(),
             properties: i.spec.properties.clone(),
+            held: Default::default(),
         },
     )
 }
 
+/// `<namespace>/<instance>` and slot of a SlotClaim held through a device
+/// plugin (not for a DRA ResourceClaim); `None` for the others.
+fn held_through_plugin(c: &SlotClaim) -> Option<(String, u32)> {
+    if c.spec.resource_claim.is_some() {
+        return None;
+    }
+    let ns = c.metadata.namespace.as_deref()?;
+    Some((format!("{ns}/{}", c.spec.instance), c.spec.slot))
+}
+
 /// Publishes `node`'s ResourceSlices until `stop`, then deletes the ones it
-/// wrote.
+/// wrote. Slots held through device plugins (their SlotClaims) are
+/// published tainted; a burst of claim changes is one sync.
 pub async fn publish(client: kube::Client, node: String, stop: CancellationToken) {
     let mut changes = std::pin::pin!(follow(
         Api::<Instance>::all(client.clone()),
+        watcher::Config::default()
+    ));
+    let mut claim_changes = std::pin::pin!(follow(
+        Api::<SlotClaim>::all(client.clone()),
         watcher::Config::default()
     ));
     let mut instances = Mirror::keyed(
         |i: &Instance| Some(dra_instance(i).0),
         |i: Instance| Some(dra_instance(&i).1),
     );
+    let mut held = Mirror::projected(|c: SlotClaim| held_through_plugin(&c));
     let mut publisher = SlicePublisher::new(client, &node);
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut noted: Vec<String> = Vec::new();
@@ -313,11 +398,36 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
                     continue;
                 }
             }
+            change = claim_changes.next() => {
+                let Some(change) = change else { break };
+                if let Err(e) = held.apply(change) {
+                    warn!(error = %e, "the SlotClaim watch for ResourceSlices failed; retrying");
+                    continue;
+                }
+            }
         }
-        if !instances.listed() {
+        // Everything already waiting is one sync.
+        while let Some(Some(change)) = changes.next().now_or_never() {
+            let _ = instances.apply(change);
+        }
+        while let Some(Some(change)) = claim_changes.next().now_or_never() {
+            let _ = held.apply(change);
+        }
+        if !instances.listed() || !held.listed() {
             continue;
         }
-        let all: Vec<DraInstance> = instances.values().cloned().collect();
+        let mut by_instance: BTreeMap<&str, std::collections::BTreeSet<u32>> = BTreeMap::new();
+        for (key, slot) in held.values() {
+            by_instance.entry(key.as_str()).or_default().insert(*slot);
+        }
+        let all: Vec<DraInstance> = instances
+            .iter()
+            .map(|(key, i)| {
+                let mut i = i.clone();
+                i.held = by_instance.remove(key.as_str()).unwrap_or_default();
+                i
+            })
+            .collect();
         let (plans, notes) = plan(&node, &all);
         if notes != noted {
             for n in &notes {

@@ -1,27 +1,7 @@
 //! Names the device plugins derive from an Instance: the extended resource,
 //! the plugin socket, environment variable names.
 
-use steward_api::GROUP;
-
-/// Most characters of the name part of a qualified name.
-const MAX_NAME_PART: usize = 63;
-
-/// The extended resource an Instance is served as: `steward.dev/<instance>`.
-/// `None` when the Instance name cannot be the name part of a qualified
-/// name (at most 63 characters, alphanumeric at both ends, `-_.` inside):
-/// kubelet would refuse the registration.
-pub fn resource_name(instance: &str) -> Option<String> {
-    let bytes = instance.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_alphanumeric();
-    let valid = !bytes.is_empty()
-        && bytes.len() <= MAX_NAME_PART
-        && bytes.first().is_some_and(alnum)
-        && bytes.last().is_some_and(alnum)
-        && bytes
-            .iter()
-            .all(|b| alnum(b) || matches!(b, b'-' | b'_' | b'.'));
-    valid.then(|| format!("{GROUP}/{instance}"))
-}
+pub use steward_core::extended_resource::resource_name;
 
 /// Socket file name of an Instance's plugin inside kubelet's plugin
 /// directory.
@@ -52,20 +32,6 @@ pub fn env_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn resource_names_follow_the_qualified_name_rules() {
-        assert_eq!(
-            resource_name("cams-0a1b2c3d4e").as_deref(),
-            Some("steward.dev/cams-0a1b2c3d4e")
-        );
-        assert_eq!(resource_name(""), None);
-        assert_eq!(resource_name("-cam"), None);
-        assert_eq!(resource_name("cam-"), None);
-        assert_eq!(resource_name("ca/m"), None);
-        assert_eq!(resource_name(&"a".repeat(64)), None);
-        assert!(resource_name(&"a".repeat(63)).is_some());
-    }
 
     #[test]
     fn env_names_are_sanitized() {

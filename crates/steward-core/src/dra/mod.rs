@@ -31,14 +31,22 @@ mod topology;
 
 pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
 pub use slices::{
-    DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, attribute_value,
-    configuration_selector, device_name, is_shared, next_generation, plan, pool_of, slice_name,
-    slot_for_device, writer,
+    DraInstance, HELD_TAINT_KEY, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan,
+    attribute_value, configuration_selector, device_name, instance_selector, is_shared,
+    next_generation, plan, pool_of, slice_name, slot_for_device, writer,
 };
 pub use topology::{
     DEVPATH_PROPERTY, NUMA_NODE_ATTRIBUTE, NUMA_PROPERTY, PCIE_ROOT_ATTRIBUTE, numa_node,
     pcie_root, topology_attributes,
 };
+
+/// The label on every DeviceClass steward owns; classes without it are
+/// never written or deleted by steward.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGED_BY: &str = "steward";
+/// The label selector of the DeviceClasses steward owns.
+pub const OWNED_SELECTOR: &str = "app.kubernetes.io/managed-by=steward";
 
 /// The driver name of every device steward publishes.
 pub const DRIVER: &str = "steward.dev";

@@ -30,6 +30,7 @@ fn instance() -> impl Strategy<Value = DraInstance> {
             capacity,
             nodes: nodes.into_iter().map(|n| NODES[n].to_owned()).collect(),
             properties,
+            held: BTreeSet::new(),
         })
 }
 
@@ -116,6 +117,7 @@ proptest! {
             capacity: 2,
             nodes: ["n1".to_owned()].into(),
             properties: properties.clone(),
+            held: BTreeSet::new(),
         };
         // What a node's list says: every part one id in 0..1024, one distinct.
         let expected = numa.as_deref().and_then(|v| {

@@ -10,8 +10,15 @@ use super::topology::topology_attributes;
 use crate::discovery::instances::fnv1a64;
 use crate::reservation::slot_id;
 
-/// Most devices the API allows in one ResourceSlice.
-pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Most devices per ResourceSlice: the API's limit for a slice in which a
+/// device carries taints (64 since 1.35; 128 without), which a slot held
+/// through a device plugin does ([`HELD_TAINT_KEY`]).
+pub const MAX_DEVICES_PER_SLICE: usize = 64;
+
+/// The taint key (effect `NoSchedule`) on a device whose slot is held
+/// through a device plugin: the scheduler does not allocate it to a claim
+/// until the slot is free (DRADeviceTaints, on by default from 1.36).
+pub const HELD_TAINT_KEY: &str = "steward.dev/held";
 /// Longest DNS label (a device name).
 const MAX_LABEL: usize = 63;
 /// Longest pool name.
@@ -30,6 +37,10 @@ pub struct DraInstance {
     /// The nodes that see the device.
     pub nodes: BTreeSet<String>,
     pub properties: BTreeMap<String, String>,
+    /// Slots held through a device plugin (on any node): their devices are
+    /// published tainted ([`HELD_TAINT_KEY`]).
+    #[serde(default)]
+    pub held: BTreeSet<u32>,
 }
 
 /// Where a pool's devices can be used.
@@ -50,6 +61,8 @@ pub struct SliceDevice {
     pub instance: String,
     pub slot: String,
     pub attributes: BTreeMap<String, Attribute>,
+    /// The slot is held through a device plugin ([`HELD_TAINT_KEY`]).
+    pub held: bool,
 }
 
 /// One ResourceSlice to write.
@@ -150,6 +163,16 @@ pub fn configuration_selector(namespace: &str, name: &str) -> String {
         "device.driver == \"{DRIVER}\" && device.attributes[\"{DRIVER}\"].namespace == \"{}\" && device.attributes[\"{DRIVER}\"].configuration == \"{}\"",
         attribute_value(namespace),
         attribute_value(name)
+    )
+}
+
+/// The CEL selector of the devices of Instance `instance` in `namespace`
+/// (the slots of one Instance, on whichever node publishes them).
+pub fn instance_selector(namespace: &str, instance: &str) -> String {
+    format!(
+        "device.driver == \"{DRIVER}\" && device.attributes[\"{DRIVER}\"].namespace == \"{}\" && device.attributes[\"{DRIVER}\"].instance == \"{}\"",
+        attribute_value(namespace),
+        attribute_value(instance)
     )
 }
 
@@ -262,6 +285,7 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
                 instance: inst.name.clone(),
                 slot: slot_id(&inst.name, n),
                 attributes,
+                held: inst.held.contains(&n),
             });
         }
     }
@@ -312,7 +336,24 @@ mod tests {
             capacity,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             properties: BTreeMap::from([("DEVNODE".into(), "/dev/video0".into())]),
+            held: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn slots_held_through_a_device_plugin_are_marked_held() {
+        let mut cams = inst("cams", 3, &["n1", "n2"]);
+        cams.held = BTreeSet::from([0, 2]);
+        let (slices, _) = plan("n1", &[cams]);
+        let held: Vec<(&str, bool)> = slices[0]
+            .devices
+            .iter()
+            .map(|d| (d.name.as_str(), d.held))
+            .collect();
+        assert_eq!(
+            held,
+            [("cams-0", true), ("cams-1", false), ("cams-2", true)]
+        );
     }
 
     #[test]
@@ -383,7 +424,10 @@ mod tests {
             .iter()
             .map(|s| (s.index, s.count, s.devices.len()))
             .collect();
-        assert_eq!(sizes, [(0, 3, 128), (1, 3, 128), (2, 3, 44)]);
+        assert_eq!(
+            sizes,
+            [(0, 5, 64), (1, 5, 64), (2, 5, 64), (3, 5, 64), (4, 5, 44)]
+        );
         let long = format!("cams.example.{}", "x".repeat(80));
         let a = device_name(&long, 7);
         assert!(is_dns_label(&a) && a.ends_with("-7"), "{a}");

@@ -2,90 +2,23 @@
 //! there. Pure: [`super::maintain`] follows the cluster and writes what this
 //! computes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
 };
-use kube::ResourceExt;
 use kube::api::ObjectMeta;
-use steward_api::Configuration;
-use steward_core::dra::DRIVER;
-use steward_kube::{Change, Mirror};
+use kube::{Resource as _, ResourceExt};
+use steward_api::{CONDITION_DRA_EXTENDED_RESOURCES, Configuration, Instance};
+use steward_kube::{Change, Mirror, ObjectKey};
 
-/// The label on every DeviceClass steward owns; classes without it are
-/// never written or deleted.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Its value.
-pub const MANAGED_BY: &str = "steward";
-/// The annotation naming the class's Configuration, `<namespace>/<name>`.
-pub const CONFIGURATION_ANNOTATION: &str = "steward.dev/configuration";
-/// The label selector of the classes steward owns.
-pub const OWNED_SELECTOR: &str = "app.kubernetes.io/managed-by=steward";
+use super::extended::{ExtendedInstance, add_desired};
 
-/// Longest object name (a DNS subdomain).
-const MAX_NAME: usize = 253;
-/// Longest namespace name (a DNS label).
-const MAX_LABEL: usize = 63;
-
-/// The DeviceClass name of Configuration `name` in `namespace`:
-/// `<name>.<namespace>.steward.dev`. The namespace is a DNS label (no dot),
-/// so the last label before `.steward.dev` is always the namespace and two
-/// Configurations never share a name. When that is longer
-/// than 253 characters, the Configuration name is cut and a hash of
-/// `<namespace>/<name>` appended: `<head>-<16 hex digits>.<namespace>.steward.dev`
-/// (a Configuration name of 190 characters or more).
-pub fn class_name(namespace: &str, name: &str) -> String {
-    let suffix = format!(".{namespace}.{DRIVER}");
-    if name.len() + suffix.len() <= MAX_NAME {
-        return format!("{name}{suffix}");
-    }
-    let hash = fnv1a64(format!("{namespace}/{name}").as_bytes());
-    let tail = format!("-{hash:016x}{suffix}");
-    let head: String = name
-        .chars()
-        .take(MAX_NAME.saturating_sub(tail.len()))
-        .collect();
-    let head = head.trim_end_matches(['-', '.']);
-    if head.is_empty() {
-        format!("c{tail}")
-    } else {
-        format!("{head}{tail}")
-    }
-}
-
-/// The CEL selector of the devices of Configuration `name` in `namespace`:
-/// `device.driver == "steward.dev" && device.attributes["steward.dev"].namespace == "<namespace>" && device.attributes["steward.dev"].configuration == "<name>"`
-/// (names longer than 64 bytes as the agent publishes them:
-/// [`steward_core::dra::attribute_value`]).
-pub fn selector(namespace: &str, name: &str) -> String {
-    steward_core::dra::configuration_selector(namespace, name)
-}
-
-/// FNV-1a, 64 bits: stable across builds and platforms.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
-
-/// A DNS subdomain as Kubernetes checks object names: at most 253
-/// characters, dot-separated labels of lowercase letters, digits and `-`,
-/// each starting and ending with a letter or digit.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= MAX_NAME
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
+pub use super::names::{
+    CONFIGURATION_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, OWNED_SELECTOR, class_name, selector,
+};
+use super::names::{is_dns_subdomain, is_namespace};
 
 /// The class of Configuration `name` in `namespace`, as steward writes it.
 pub fn class_for(namespace: &str, name: &str) -> DeviceClass {
@@ -124,8 +57,7 @@ pub fn desired<'a>(
     sorted.sort_unstable();
     sorted.dedup();
     for (namespace, name) in sorted {
-        let label = namespace.len() <= MAX_LABEL && !namespace.contains('.');
-        if !is_dns_subdomain(name) || !is_dns_subdomain(namespace) || !label {
+        if !is_dns_subdomain(name) || !is_namespace(namespace) {
             notes.push(format!(
                 "Configuration {namespace}/{name}: not a valid object name; no DeviceClass"
             ));
@@ -204,35 +136,68 @@ pub fn actions(
     out
 }
 
-/// What the class writer knows: every Configuration and the classes
-/// labelled as steward's, as last seen.
+/// What the class writer keeps of a Configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigurationInfo {
+    /// `spec.draExtendedResources`.
+    pub extended: bool,
+    /// For Events about it.
+    pub reference: ObjectReference,
+    /// Its `DRAExtendedResources` condition's status, if any.
+    pub condition: Option<bool>,
+}
+
+/// What the class writer knows: every Configuration and Instance, and the
+/// classes labelled as steward's, as last seen.
 #[derive(Debug)]
 pub struct Classes {
-    /// Only their names.
-    configurations: Mirror<Configuration, ()>,
+    configurations: Mirror<Configuration, ConfigurationInfo>,
+    /// Each Instance's Configuration name.
+    instances: Mirror<Instance, String>,
     /// By class name (cluster-scoped).
     owned: Mirror<DeviceClass, DeviceClass, String>,
+    /// The API server dropped `extendedResourceName` (DRAExtendedResource
+    /// off): no extended-resource classes are wanted.
+    extended_unsupported: bool,
 }
 
 impl Default for Classes {
     fn default() -> Self {
         Self {
-            configurations: Mirror::projected(|_| Some(())),
+            configurations: Mirror::projected(|c: Configuration| {
+                let condition = c.status.as_ref().and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == CONDITION_DRA_EXTENDED_RESOURCES)
+                        .map(|c| c.status == "True")
+                });
+                Some(ConfigurationInfo {
+                    extended: c.spec.dra_extended_resources,
+                    reference: c.object_ref(&()),
+                    condition,
+                })
+            }),
+            instances: Mirror::projected(|i: Instance| Some(i.spec.configuration_name)),
             owned: Mirror::keyed(|c: &DeviceClass| Some(c.name_any()), Some),
+            extended_unsupported: false,
         }
     }
 }
 
 impl Classes {
-    /// Whether both have been listed: nothing is written before (a class
-    /// not yet seen is not a class that is missing).
+    /// Whether all three have been listed: nothing is written before (a
+    /// class not yet seen is not a class that is missing).
     pub fn ready(&self) -> bool {
-        self.configurations.listed() && self.owned.listed()
+        self.configurations.listed() && self.instances.listed() && self.owned.listed()
     }
 
     pub fn configurations(&mut self, change: Change<Configuration>) {
         // An interrupted watch changes nothing: it resumes or relists.
         let _ = self.configurations.apply(change);
+    }
+
+    pub fn instances(&mut self, change: Change<Instance>) {
+        let _ = self.instances.apply(change);
     }
 
     /// A change of the owned classes (watched with [`OWNED_SELECTOR`]; a
@@ -242,22 +207,87 @@ impl Classes {
         let _ = self.owned.apply(change);
     }
 
+    /// The API server does not keep `extendedResourceName`: the Instances'
+    /// classes are no longer wanted (the ones written go). Returns whether
+    /// this is news.
+    pub fn extended_unsupported(&mut self) -> bool {
+        !std::mem::replace(&mut self.extended_unsupported, true)
+    }
+
     /// Forgets an owned class (deleted by steward, or found gone).
     pub fn forget(&mut self, name: &str) {
         self.owned.remove(name);
     }
 
+    /// The Configuration a class steward wants is written for (its
+    /// annotation, `<namespace>/<name>`), for an Event about it.
+    pub fn configuration_of(&self, class: &DeviceClass) -> Option<ObjectReference> {
+        let (namespace, name) = class
+            .annotations()
+            .get(CONFIGURATION_ANNOTATION)?
+            .split_once('/')?;
+        self.configurations
+            .get(&ObjectKey::new(namespace, name))
+            .map(|c| c.reference.clone())
+    }
+
+    /// The `DRAExtendedResources` conditions due (none before
+    /// [`Classes::ready`]): `false` on every Configuration that opted in
+    /// once the API server is found dropping `extendedResourceName`;
+    /// `true` on one whose Instance classes are stored with it.
+    pub fn conditions_due(&self) -> Vec<(ObjectKey, bool)> {
+        if !self.ready() {
+            return Vec::new();
+        }
+        let mut served: BTreeSet<&str> = BTreeSet::new();
+        for c in self.owned.values() {
+            if c.spec.extended_resource_name.is_some()
+                && let Some(config) = c.annotations().get(CONFIGURATION_ANNOTATION)
+            {
+                served.insert(config.as_str());
+            }
+        }
+        self.configurations
+            .iter()
+            .filter(|(_, info)| info.extended)
+            .filter_map(|(key, info)| {
+                let want = if self.extended_unsupported {
+                    false
+                } else if served.contains(format!("{}/{}", key.namespace, key.name).as_str()) {
+                    true
+                } else {
+                    return None;
+                };
+                (info.condition != Some(want)).then(|| (key.clone(), want))
+            })
+            .collect()
+    }
+
     /// The writes due now (none before [`Classes::ready`]), and the
-    /// Configurations left without a class.
+    /// Configurations and Instances left without a class.
     pub fn plan(&self) -> (Vec<Action>, Vec<String>) {
         if !self.ready() {
             return (Vec::new(), Vec::new());
         }
-        let (wanted, notes) = desired(
+        let (mut wanted, mut notes) = desired(
             self.configurations
                 .keys()
                 .map(|k| (k.namespace.as_str(), k.name.as_str())),
         );
+        let extended = self.instances.iter().filter_map(|(k, configuration)| {
+            let config = ObjectKey::new(k.namespace.as_str(), configuration.as_str());
+            self.configurations
+                .get(&config)
+                .is_some_and(|c| c.extended)
+                .then_some(ExtendedInstance {
+                    namespace: &k.namespace,
+                    name: &k.name,
+                    configuration,
+                })
+        });
+        if !self.extended_unsupported {
+            notes.extend(add_desired(&mut wanted, extended));
+        }
         (actions(&wanted, self.owned.as_map()), notes)
     }
 }
@@ -436,6 +466,80 @@ mod tests {
         assert!(actions(&wanted, &right).is_empty());
     }
 
+    fn instance(ns: &str, name: &str, config: &str) -> Instance {
+        let mut i = Instance::new(
+            name,
+            steward_api::InstanceSpec {
+                configuration_name: config.into(),
+                device_id: "dev".into(),
+                shared: false,
+                nodes: vec!["n1".into()],
+                capacity: 1,
+                properties: BTreeMap::new(),
+                mounts: Vec::new(),
+                device_specs: Vec::new(),
+                cdi_name: format!("steward.dev/{config}={name}"),
+            },
+        );
+        i.metadata.namespace = Some(ns.into());
+        i
+    }
+
+    #[test]
+    fn instances_of_opted_in_configurations_get_extended_resource_classes() {
+        let mut s = Classes::default();
+        let mut opted = config("default", "cams");
+        opted.spec.dra_extended_resources = true;
+        s.configurations(Change::Relisted(vec![opted, config("default", "mics")]));
+        s.instances(Change::Relisted(vec![
+            instance("default", "cams-1", "cams"),
+            instance("default", "mics-1", "mics"),
+        ]));
+        s.classes(Change::Relisted(vec![]));
+        let (acts, notes) = s.plan();
+        assert!(notes.is_empty(), "{notes:?}");
+        let created: Vec<(String, Option<String>)> = acts
+            .iter()
+            .map(|a| match a {
+                Action::Create(c) => (c.name_any(), c.spec.extended_resource_name.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            created,
+            [
+                (
+                    "cams-1.default.instance.steward.dev".into(),
+                    Some("steward.dev/cams-1".into())
+                ),
+                ("cams.default.steward.dev".into(), None),
+                ("mics.default.steward.dev".into(), None),
+            ]
+        );
+        let Action::Create(c) = &acts[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            s.configuration_of(c).and_then(|r| r.name).as_deref(),
+            Some("cams")
+        );
+        // Opting out takes the Instance's class away.
+        for a in acts {
+            if let Action::Create(c) = a {
+                s.classes(Change::Applied(stored(c, "2")));
+            }
+        }
+        s.configurations(Change::Applied(config("default", "cams")));
+        let (acts, _) = s.plan();
+        assert_eq!(
+            acts,
+            [Action::Delete {
+                name: "cams-1.default.instance.steward.dev".into(),
+                resource_version: Some("2".into())
+            }]
+        );
+    }
+
     #[test]
     fn nothing_is_planned_before_both_kinds_are_listed() {
         let mut s = Classes::default();
@@ -445,6 +549,8 @@ mod tests {
             class_for("default", "gone"),
             "3",
         )]));
+        assert_eq!(s.plan().0, []);
+        s.instances(Change::Relisted(vec![]));
         let (acts, _) = s.plan();
         assert_eq!(acts.len(), 2, "{acts:?}");
         assert!(

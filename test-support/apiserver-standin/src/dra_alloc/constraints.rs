@@ -236,6 +236,7 @@ mod tests {
                 driver: driver.to_string(),
                 attributes,
             },
+            taints: Vec::new(),
         }
     }
 
