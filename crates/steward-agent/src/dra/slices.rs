@@ -381,6 +381,11 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
     let mut publisher = SlicePublisher::new(client, &node);
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut noted: Vec<String> = Vec::new();
+    // The held slots last planned with, and whether anything else changed
+    // since the last sync: a SlotClaim change that leaves the held set as
+    // it was (a DRA claim, a pending slot bound) costs no plan.
+    let mut planned_held: Option<BTreeMap<String, std::collections::BTreeSet<u32>>> = None;
+    let mut due = true;
     loop {
         let retry = async {
             match retry_at {
@@ -390,13 +395,14 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         };
         tokio::select! {
             () = stop.cancelled() => break,
-            () = retry => {}
+            () = retry => due = true,
             change = changes.next() => {
                 let Some(change) = change else { break };
                 if let Err(e) = instances.apply(change) {
                     warn!(error = %e, "the Instance watch for ResourceSlices failed; retrying");
                     continue;
                 }
+                due = true;
             }
             change = claim_changes.next() => {
                 let Some(change) = change else { break };
@@ -409,6 +415,7 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         // Everything already waiting is one sync.
         while let Some(Some(change)) = changes.next().now_or_never() {
             let _ = instances.apply(change);
+            due = true;
         }
         while let Some(Some(change)) = claim_changes.next().now_or_never() {
             let _ = held.apply(change);
@@ -416,18 +423,23 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         if !instances.listed() || !held.listed() {
             continue;
         }
-        let mut by_instance: BTreeMap<&str, std::collections::BTreeSet<u32>> = BTreeMap::new();
+        let mut by_instance: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
         for (key, slot) in held.values() {
-            by_instance.entry(key.as_str()).or_default().insert(*slot);
+            by_instance.entry(key.clone()).or_default().insert(*slot);
+        }
+        if !due && planned_held.as_ref() == Some(&by_instance) {
+            continue;
         }
         let all: Vec<DraInstance> = instances
             .iter()
             .map(|(key, i)| {
                 let mut i = i.clone();
-                i.held = by_instance.remove(key.as_str()).unwrap_or_default();
+                i.held = by_instance.get(key.as_str()).cloned().unwrap_or_default();
                 i
             })
             .collect();
+        planned_held = Some(by_instance);
+        due = false;
         let (plans, notes) = plan(&node, &all);
         if notes != noted {
             for n in &notes {
@@ -438,6 +450,7 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         retry_at = match publisher.sync(&plans).await {
             Ok(_) => None,
             Err(e) => {
+                due = true;
                 warn!(error = %e, "writing ResourceSlices failed; retrying");
                 Some(tokio::time::Instant::now() + RETRY)
             }
