@@ -19,24 +19,33 @@ pub struct DraFeatures {
     pub extended_resource: bool,
     /// `DRADeviceTaints`: `ResourceSlice.spec.devices[].taints`.
     pub device_taints: bool,
+    /// `DRAConsumableCapacity` (KEP-5075):
+    /// `ResourceSlice.spec.devices[].allowMultipleAllocations` and
+    /// `.capacity.*.requestPolicy` (a capacity's `value` is not gated);
+    /// `ResourceClaim.spec.devices.requests[].exactly.capacity` (and
+    /// `firstAvailable[].capacity`), `status.allocation.devices.results[]`
+    /// `.shareID` and `.consumedCapacity`.
+    pub consumable_capacity: bool,
 }
 
 impl Default for DraFeatures {
-    /// Kubernetes 1.36's defaults: both on.
+    /// Kubernetes 1.36's defaults: all on.
     fn default() -> Self {
         Self {
             extended_resource: true,
             device_taints: true,
+            consumable_capacity: true,
         }
     }
 }
 
 impl DraFeatures {
-    /// Kubernetes 1.35's defaults: both alpha, off.
+    /// Kubernetes 1.35's defaults: all alpha, off.
     pub fn kubernetes_1_35() -> Self {
         Self {
             extended_resource: false,
             device_taints: false,
+            consumable_capacity: false,
         }
     }
 }
@@ -51,21 +60,40 @@ pub fn kinds_with(features: DraFeatures) -> Vec<ResourceType> {
     let group = "resource.k8s.io";
     let mut slices = kind::<ResourceSlice>(group, "ResourceSlice", "resourceslices", false, false);
     let mut classes = kind::<DeviceClass>(group, "DeviceClass", "deviceclasses", false, false);
+    let mut claims = kind::<ResourceClaim>(group, "ResourceClaim", "resourceclaims", true, true);
     if !features.device_taints {
         drop_field(&mut slices, &["spec", "devices", "[]", "taints"]);
     }
     if !features.extended_resource {
         drop_field(&mut classes, &["spec", "extendedResourceName"]);
     }
-    vec![
-        slices,
-        classes,
-        kind::<ResourceClaim>(group, "ResourceClaim", "resourceclaims", true, true),
-    ]
+    if !features.consumable_capacity {
+        drop_field(
+            &mut slices,
+            &["spec", "devices", "[]", "allowMultipleAllocations"],
+        );
+        drop_field(
+            &mut slices,
+            &["spec", "devices", "[]", "capacity", "*", "requestPolicy"],
+        );
+        let requests = ["spec", "devices", "requests", "[]"];
+        drop_field(
+            &mut claims,
+            &[&requests[..], &["exactly", "capacity"]].concat(),
+        );
+        drop_field(
+            &mut claims,
+            &[&requests[..], &["firstAvailable", "[]", "capacity"]].concat(),
+        );
+        let results = ["status", "allocation", "devices", "results", "[]"];
+        drop_field(&mut claims, &[&results[..], &["shareID"]].concat());
+        drop_field(&mut claims, &[&results[..], &["consumedCapacity"]].concat());
+    }
+    vec![slices, classes, claims]
 }
 
-/// Takes the field at `path` (`[]`: the items of an array) out of the
-/// kind's schema.
+/// Takes the field at `path` (`[]`: the items of an array, `*`: the values
+/// of a map, i.e. `additionalProperties`) out of the kind's schema.
 fn drop_field(rt: &mut ResourceType, path: &[&str]) {
     let Some((last, parents)) = path.split_last() else {
         return;
@@ -75,6 +103,8 @@ fn drop_field(rt: &mut ResourceType, path: &[&str]) {
         node = node.and_then(|n| {
             if *step == "[]" {
                 n.get_mut("items")
+            } else if *step == "*" {
+                n.get_mut("additionalProperties")
             } else {
                 n.get_mut("properties").and_then(|p| p.get_mut(*step))
             }
@@ -107,6 +137,8 @@ mod tests {
             for step in path {
                 n = if *step == "[]" {
                     n["items"].clone()
+                } else if *step == "*" {
+                    n["additionalProperties"].clone()
                 } else {
                     n["properties"][*step].clone()
                 };
@@ -122,6 +154,68 @@ mod tests {
             "ResourceSlice",
             &["spec", "devices", "[]", "attributes"]
         ));
+        // DRAConsumableCapacity: the policy goes, the capacity's value stays.
+        let gated = [
+            (
+                "ResourceSlice",
+                &["spec", "devices", "[]", "allowMultipleAllocations"][..],
+            ),
+            (
+                "ResourceSlice",
+                &["spec", "devices", "[]", "capacity", "*", "requestPolicy"],
+            ),
+            (
+                "ResourceClaim",
+                &["spec", "devices", "requests", "[]", "exactly", "capacity"],
+            ),
+            (
+                "ResourceClaim",
+                &[
+                    "spec",
+                    "devices",
+                    "requests",
+                    "[]",
+                    "firstAvailable",
+                    "[]",
+                    "capacity",
+                ],
+            ),
+            (
+                "ResourceClaim",
+                &[
+                    "status",
+                    "allocation",
+                    "devices",
+                    "results",
+                    "[]",
+                    "shareID",
+                ],
+            ),
+            (
+                "ResourceClaim",
+                &[
+                    "status",
+                    "allocation",
+                    "devices",
+                    "results",
+                    "[]",
+                    "consumedCapacity",
+                ],
+            ),
+        ];
+        for (kind, path) in gated {
+            assert!(field(&on, kind, path), "{kind} {path:?} with the gate on");
+            assert!(
+                !field(&off, kind, path),
+                "{kind} {path:?} with the gate off"
+            );
+        }
+        let value = ["spec", "devices", "[]", "capacity", "*", "value"];
+        assert!(field(&on, "ResourceSlice", &value) && field(&off, "ResourceSlice", &value));
+        let exactly = ["spec", "devices", "requests", "[]", "exactly", "count"];
+        assert!(field(&off, "ResourceClaim", &exactly));
+        let device = ["status", "allocation", "devices", "results", "[]", "device"];
+        assert!(field(&off, "ResourceClaim", &device));
     }
 
     #[test]

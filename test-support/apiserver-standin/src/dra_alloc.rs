@@ -5,16 +5,19 @@
 //! [`allocate_claim`] picks devices for every request of the claim from the
 //! ResourceSlices the node can use ([`crate::dra_select`]), checks them
 //! against the DeviceClass's and the request's CEL selectors
-//! ([`crate::dra_cel`]), never hands out a device another claim has, and
-//! writes `status.allocation` and `status.reservedFor` through the status
-//! subresource with the resourceVersion it read (a 409 makes it read and
-//! decide again). A claim that is already allocated only gets the pod added
-//! to `reservedFor`.
+//! ([`crate::dra_cel`]), never hands out a device another claim has (but
+//! shares devices that allow multiple allocations while their capacity
+//! lasts, [`capacity`]), and writes `status.allocation` and
+//! `status.reservedFor` through the status subresource with the
+//! resourceVersion it read (a 409 makes it read and decide again). A
+//! claim that is already allocated only gets the pod added to
+//! `reservedFor`.
 //!
 //! Subset: requests must be `exactly` (`firstAvailable` is refused) with
 //! `allocationMode` `ExactCount` (default, `count` default 1) or `All`;
-//! `constraints` only `matchAttribute` ([`constraints`]); no `adminAccess`,
-//! capacity requests, shared counters or binding conditions. Device taints
+//! `constraints` only `matchAttribute` ([`constraints`]); capacity requests
+//! and `allowMultipleAllocations` (KEP-5075, [`capacity`]); no
+//! `adminAccess`, shared counters or binding conditions. Device taints
 //! with effect `NoSchedule` or `NoExecute` keep a device from requests
 //! that do not tolerate them (`exactly.tolerations`); the tolerations are
 //! not copied into the allocation result, and `NoExecute` evicts nothing. CEL run-time errors (a missing attribute)
@@ -33,20 +36,21 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
-    DeviceRequest, DeviceRequestAllocationResult, ResourceClaim, ResourceClaimConsumerReference,
-    ResourceClaimSpec, ResourceSlice,
+    DeviceRequest, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec, ResourceSlice,
 };
-use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
 use tracing::{debug, info};
 
 use crate::client::CONFLICT_ATTEMPTS;
 use crate::dra_cel::{self, CelDevice, Program};
 use crate::dra_select::{self, Candidate, DeviceId, NodeInfo};
 
+pub(crate) mod capacity;
 mod constraints;
 
-use self::constraints::{NoFit, Pick};
+use self::capacity::{Amounts, Ledger};
+use self::constraints::Pick;
 
 /// Most consumers a claim can be reserved for (the API's limit).
 pub const RESERVED_FOR_MAX: usize = 256;
@@ -263,8 +267,11 @@ fn unsupported(claim: &str, message: impl Into<String>) -> AllocError {
 pub(crate) struct World {
     pub classes: BTreeMap<String, DeviceClass>,
     pub candidates: Vec<Candidate>,
-    /// Devices in the allocation results of other claims.
+    /// Devices other claims' allocation results take whole.
     pub in_use: BTreeSet<DeviceId>,
+    /// What other claims' shared allocations (with a `shareID`, or of a
+    /// device that allows multiple allocations) consume, per device.
+    pub consumed: BTreeMap<DeviceId, Amounts>,
 }
 
 impl World {
@@ -293,6 +300,7 @@ impl World {
         let candidates =
             dra_select::candidates(&slices, node).map_err(|message| invalid(who, message))?;
         let mut in_use = BTreeSet::new();
+        let mut consumed = BTreeMap::new();
         let all_claims = Api::<ResourceClaim>::all(client.clone())
             .list(&ListParams::default())
             .await?
@@ -301,20 +309,25 @@ impl World {
             if other.metadata.uid.as_deref() == Some(claim_uid) {
                 continue;
             }
+            let name = format!(
+                "{}/{}",
+                other.namespace().unwrap_or_default(),
+                other.name_any()
+            );
             let results = other
                 .status
                 .and_then(|s| s.allocation)
                 .and_then(|a| a.devices)
                 .and_then(|d| d.results)
                 .unwrap_or_default();
-            for r in results.into_iter().filter(|r| r.admin_access != Some(true)) {
-                in_use.insert((r.driver, r.pool, r.device));
-            }
+            capacity::book(results, &candidates, &mut in_use, &mut consumed)
+                .map_err(|e| invalid(who, format!("allocation of ResourceClaim {name}: {e}")))?;
         }
         Ok(World {
             classes,
             candidates,
             in_use,
+            consumed,
         })
     }
 }
@@ -394,7 +407,11 @@ pub(crate) fn allocate(
     let exhaustive = !constraints.is_empty();
     let by_id: BTreeMap<&DeviceId, &Candidate> =
         world.candidates.iter().map(|c| (&c.id, c)).collect();
+    // Devices taken whole by earlier requests, and what is left of the
+    // shared ones (only without constraints: with, the search decides).
     let mut taken: BTreeSet<DeviceId> = BTreeSet::new();
+    let room = Ledger::new(&world.candidates, &world.consumed);
+    let mut left = room.clone();
     let mut picks: Vec<Pick<'_>> = Vec::new();
     let mut config = Vec::new();
     for request in requests {
@@ -413,12 +430,8 @@ pub(crate) fn allocate(
                 format!("request {:?}: adminAccess", request.name),
             ));
         }
-        if exact.capacity.is_some() {
-            return Err(unsupported(
-                claim,
-                format!("request {:?}: capacity", request.name),
-            ));
-        }
+        let wanted = capacity::parse_requests(exact.capacity.as_ref())
+            .map_err(|e| invalid(claim, format!("request {:?}: {e}", request.name)))?;
         let class = world.classes.get(&exact.device_class_name).ok_or_else(|| {
             invalid(
                 claim,
@@ -431,11 +444,13 @@ pub(crate) fn allocate(
         let selectors = Selectors::compile(claim, class, request)?;
         let mode = exact.allocation_mode.as_deref().unwrap_or("ExactCount");
         let mut free = Vec::new();
-        let mut busy = 0usize;
-        let mut tainted = 0usize;
+        let mut shares = BTreeMap::new();
+        // Matching devices that are not free, for the messages.
+        let (mut busy, mut tainted, mut full, mut unfit) = (0usize, 0usize, 0usize, 0usize);
         let tolerations = exact.tolerations.as_deref().unwrap_or_default();
         for c in &world.candidates {
-            if taken.contains(&c.id) {
+            let shared = c.allow_multiple_allocations;
+            if !shared && taken.contains(&c.id) {
                 continue;
             }
             if dra_select::blocking_taint(c, tolerations).is_some() {
@@ -443,7 +458,7 @@ pub(crate) fn allocate(
                 tainted += usize::from(selectors.matches(&c.cel) == Ok(true));
                 continue;
             }
-            if world.in_use.contains(&c.id) {
+            if world.in_use.contains(&c.id) || (!shared && world.consumed.contains_key(&c.id)) {
                 // Diagnostics only: errors count as no match here.
                 busy += usize::from(selectors.matches(&c.cel) == Ok(true));
                 continue;
@@ -454,13 +469,30 @@ pub(crate) fn allocate(
             {
                 break;
             }
+            let share = match capacity::consumption(&wanted, &c.capacity) {
+                Err(_) => {
+                    unfit += usize::from(selectors.matches(&c.cel) == Ok(true));
+                    continue;
+                }
+                Ok(amounts) if shared && !left.fits(&c.id, &amounts) => {
+                    full += usize::from(selectors.matches(&c.cel) == Ok(true));
+                    continue;
+                }
+                Ok(amounts) => shared.then_some(amounts),
+            };
             let ok = selectors.matches(&c.cel).map_err(|(origin, e)| {
                 invalid(claim, format!("{origin}: CEL runtime error: {e}"))
             })?;
             if ok {
                 free.push(c.id.clone());
+                if let Some(amounts) = share {
+                    shares.insert(c.id.clone(), amounts);
+                }
             }
         }
+        let rest = format!(
+            "{full} at capacity, {unfit} without the requested capacity, {tainted} tainted"
+        );
         let (options, want) = match mode {
             "ExactCount" => {
                 let count = exact.count.unwrap_or(1);
@@ -478,7 +510,7 @@ pub(crate) fn allocate(
                         claim: claim.to_string(),
                         request: request.name.clone(),
                         message: format!(
-                            "needs {want} device(s) of class {} on node {node}, {} free match the selectors ({busy} more are allocated to other claims, {tainted} tainted)",
+                            "needs {want} device(s) of class {} on node {node}, {} free match the selectors ({busy} more are allocated to other claims, {rest})",
                             exact.device_class_name,
                             free.len()
                         ),
@@ -487,12 +519,12 @@ pub(crate) fn allocate(
                 (free, want)
             }
             "All" => {
-                if busy > 0 || tainted > 0 || free.is_empty() {
+                if busy + tainted + full + unfit > 0 || free.is_empty() {
                     return Err(AllocError::Unsatisfiable {
                         claim: claim.to_string(),
                         request: request.name.clone(),
                         message: format!(
-                            "asks for all devices of class {} on node {node}: {} free, {busy} allocated to other claims, {tainted} tainted",
+                            "asks for all devices of class {} on node {node}: {} free, {busy} allocated to other claims, {rest}",
                             exact.device_class_name,
                             free.len()
                         ),
@@ -512,7 +544,14 @@ pub(crate) fn allocate(
             }
         };
         if !exhaustive {
-            taken.extend(options.iter().take(want).cloned());
+            for id in options.iter().take(want) {
+                match shares.get(id) {
+                    Some(amounts) => left.take(id, amounts),
+                    None => {
+                        taken.insert(id.clone());
+                    }
+                }
+            }
         }
         picks.push(Pick {
             request: &request.name,
@@ -521,6 +560,7 @@ pub(crate) fn allocate(
                 .filter_map(|id| by_id.get(id).copied())
                 .collect(),
             want,
+            shares,
         });
         for c in class.spec.config.as_deref().unwrap_or_default() {
             config.push(DeviceAllocationConfiguration {
@@ -530,45 +570,13 @@ pub(crate) fn allocate(
             });
         }
     }
-    let chosen = constraints::choose(&picks, &constraints).map_err(|why| {
-        let names: Vec<String> = constraints.iter().map(|c| c.name()).collect();
-        let per_request: Vec<String> = picks
-            .iter()
-            .map(|p| {
-                let values: Vec<String> = constraints
-                    .iter()
-                    .map(|c| constraints::values_seen(c, &p.options).join(", "))
-                    .collect();
-                format!("{} wants {} of [{}]", p.request, p.want, values.join(" | "))
-            })
-            .collect();
-        let what = match why {
-            NoFit::Unsatisfiable => "no choice of devices satisfies",
-            NoFit::GaveUp => "the search gave up on",
-        };
-        AllocError::Unsatisfiable {
-            claim: claim.to_string(),
-            request: picks
-                .first()
-                .map(|p| p.request.to_string())
-                .unwrap_or_default(),
-            message: format!(
-                "{what} matchAttribute {} on node {node}; values of the free matching devices: {}",
-                names.join(", "),
-                per_request.join("; ")
-            ),
-        }
-    })?;
+    let chosen = constraints::choose(&picks, &constraints, &room)
+        .map_err(|why| constraints::unsatisfiable(claim, node, &picks, &constraints, why))?;
     let mut results = Vec::new();
     for (pick, ids) in picks.iter().zip(chosen) {
-        for (driver, pool, device) in ids {
-            results.push(DeviceRequestAllocationResult {
-                request: pick.request.to_string(),
-                driver,
-                pool,
-                device,
-                ..Default::default()
-            });
+        for id in ids {
+            let share = pick.shares.get(&id);
+            results.push(capacity::result(pick.request, id, share));
         }
     }
     for c in devices.config.as_deref().unwrap_or_default() {

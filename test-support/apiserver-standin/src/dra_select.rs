@@ -1,13 +1,15 @@
 //! Which devices of the published ResourceSlices a node can use, and what a
 //! selector sees of each: the part of kube-scheduler's structured allocator
-//! that gathers pools and candidate devices.
+//! that gathers pools and candidate devices, with their consumable
+//! capacities parsed ([`crate::dra_alloc::capacity`] consumes them).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 use k8s_openapi::api::resource::v1::{
-    DeviceAttribute, DeviceTaint, DeviceToleration, ResourceSlice,
+    DeviceAttribute, DeviceCapacity, DeviceTaint, DeviceToleration, ResourceSlice,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::dra_cel::{CelDevice, Value};
 
@@ -48,6 +50,135 @@ pub struct Candidate {
     pub cel: CelDevice,
     /// `devices[].taints` (DRADeviceTaints).
     pub taints: Vec<DeviceTaint>,
+    /// `devices[].allowMultipleAllocations` (DRAConsumableCapacity).
+    pub allow_multiple_allocations: bool,
+    /// `devices[].capacity`: values and request policies, by name.
+    pub capacity: BTreeMap<String, Capacity>,
+}
+
+/// A quantity in milli-units (`"1"` is 1000, `"500m"` 500).
+pub type Milli = i128;
+
+/// `requestPolicy.validRange`, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidRange {
+    pub min: Milli,
+    pub max: Option<Milli>,
+    pub step: Option<Milli>,
+}
+
+/// `requestPolicy`, parsed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestPolicy {
+    pub default: Option<Milli>,
+    pub valid_range: Option<ValidRange>,
+    /// Ascending (the API validates the order).
+    pub valid_values: Vec<Milli>,
+}
+
+/// One `devices[].capacity` entry, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    pub value: Milli,
+    pub policy: Option<RequestPolicy>,
+}
+
+const MILLI_PER_UNIT: [(&str, Milli); 14] = [
+    ("m", 1),
+    ("", 1_000),
+    ("k", 1_000_000),
+    ("M", 1_000_000_000),
+    ("G", 1_000_000_000_000),
+    ("T", 1_000_000_000_000_000),
+    ("P", 1_000_000_000_000_000_000),
+    ("E", 1_000_000_000_000_000_000_000),
+    ("Ki", 1_000 << 10),
+    ("Mi", 1_000 << 20),
+    ("Gi", 1_000 << 30),
+    ("Ti", 1_000 << 40),
+    ("Pi", 1_000 << 50),
+    ("Ei", 1_000 << 60),
+];
+
+/// Parses a Kubernetes quantity: digits with an optional decimal point and
+/// at most one suffix of `m`, `k`, `M`, `G`, `T`, `P`, `E`, `Ki` … `Ei`.
+/// Signs, exponents (`1e3`) and amounts finer than `1m` are refused.
+pub fn parse_quantity(q: &Quantity) -> Result<Milli, String> {
+    let s = q.0.as_str();
+    let unknown = || {
+        format!(
+            "quantity {s:?}: the stand-in reads only digits with an optional decimal point and \
+             one suffix of m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei"
+        )
+    };
+    let split = s
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let per_unit = MILLI_PER_UNIT
+        .iter()
+        .find(|(sfx, _)| *sfx == suffix)
+        .map(|(_, m)| *m)
+        .ok_or_else(unknown)?;
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = format!("{int}{frac}");
+    if digits.is_empty() || frac.contains('.') || digits.len() > 36 {
+        return Err(unknown());
+    }
+    let mantissa: Milli = digits.parse().map_err(|_| unknown())?;
+    let scale = u32::try_from(frac.len())
+        .ok()
+        .and_then(|n| 10_i128.checked_pow(n))
+        .ok_or_else(unknown)?;
+    let too_large = || format!("quantity {s:?} is too large");
+    let total = mantissa.checked_mul(per_unit).ok_or_else(too_large)?;
+    if total % scale != 0 {
+        return Err(format!("quantity {s:?} is finer than 1m"));
+    }
+    // Far above any real capacity, and sums of amounts stay far from
+    // overflowing.
+    Some(total / scale)
+        .filter(|m| *m <= 10_i128.pow(30))
+        .ok_or_else(too_large)
+}
+
+fn parse_opt(q: Option<&Quantity>) -> Result<Option<Milli>, String> {
+    q.map(parse_quantity).transpose()
+}
+
+/// A device's `capacity`, parsed.
+pub fn parse_capacities(
+    capacity: &BTreeMap<String, DeviceCapacity>,
+) -> Result<BTreeMap<String, Capacity>, String> {
+    let mut out = BTreeMap::new();
+    for (name, c) in capacity {
+        let at = |e: String| format!("capacity {name}: {e}");
+        let policy = match &c.request_policy {
+            None => None,
+            Some(p) => Some(RequestPolicy {
+                default: parse_opt(p.default.as_ref()).map_err(at)?,
+                valid_range: match &p.valid_range {
+                    None => None,
+                    Some(r) => Some(ValidRange {
+                        min: parse_quantity(&r.min).map_err(at)?,
+                        max: parse_opt(r.max.as_ref()).map_err(at)?,
+                        step: parse_opt(r.step.as_ref()).map_err(at)?,
+                    }),
+                },
+                valid_values: p
+                    .valid_values
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(parse_quantity)
+                    .collect::<Result<_, _>>()
+                    .map_err(at)?,
+            }),
+        };
+        let value = parse_quantity(&c.value).map_err(at)?;
+        out.insert(name.clone(), Capacity { value, policy });
+    }
+    Ok(out)
 }
 
 fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> Result<bool, String> {
@@ -234,6 +365,13 @@ pub fn candidates(slices: &[ResourceSlice], node: &NodeInfo) -> Result<Vec<Candi
                     id.0, id.1, id.2
                 ));
             }
+            let capacity = d
+                .capacity
+                .as_ref()
+                .map(parse_capacities)
+                .transpose()
+                .map_err(|e| format!("pool {}/{} device {}: {e}", id.0, id.1, id.2))?
+                .unwrap_or_default();
             let attributes = d
                 .attributes
                 .as_ref()
@@ -246,6 +384,8 @@ pub fn candidates(slices: &[ResourceSlice], node: &NodeInfo) -> Result<Vec<Candi
                     attributes,
                 },
                 taints: d.taints.clone().unwrap_or_default(),
+                allow_multiple_allocations: d.allow_multiple_allocations == Some(true),
+                capacity,
             });
         }
     }
@@ -255,6 +395,7 @@ pub fn candidates(slices: &[ResourceSlice], node: &NodeInfo) -> Result<Vec<Candi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dra_alloc::capacity::format_quantity;
     use k8s_openapi::api::core::v1::NodeSelectorTerm;
     use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
     use kube::api::ObjectMeta;
@@ -373,5 +514,36 @@ mod tests {
             got.get(&("other.io".to_string(), "n".to_string())),
             Some(&Value::Int(2))
         );
+    }
+
+    #[test]
+    fn quantities_are_milli_units() {
+        let ok = [
+            ("3", 3000),
+            ("500m", 500),
+            ("2Ki", 2_048_000),
+            ("1.5", 1500),
+            (".5k", 500_000),
+            ("1G", 10_i128.pow(12)),
+        ];
+        for (s, m) in ok {
+            assert_eq!(parse_quantity(&Quantity(s.into())), Ok(m), "{s}");
+        }
+        for bad in [
+            "",
+            "1e3",
+            "-1",
+            "+1",
+            "1x",
+            "0.0001",
+            "1.2.3",
+            "Ki",
+            "10000000000E",
+        ] {
+            assert!(parse_quantity(&Quantity(bad.into())).is_err(), "{bad}");
+        }
+        // What allocation results carry.
+        assert_eq!(format_quantity(3000).0, "3");
+        assert_eq!(format_quantity(1500).0, "1500m");
     }
 }

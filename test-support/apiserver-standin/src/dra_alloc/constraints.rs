@@ -5,12 +5,15 @@
 //! be picked for those requests. The choice is a backtracking search over
 //! the requests in order and, within one, over the devices in candidate
 //! order, so the first fitting combination wins (kube-scheduler's order).
+//! A device that allows multiple allocations may serve several requests
+//! while its capacity lasts ([`super::capacity`]).
 //! `distinctAttribute` is not reproduced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::DeviceConstraint;
 
+use super::capacity::{Amounts, Ledger};
 use super::{AllocError, invalid, unsupported};
 use crate::dra_cel::Value;
 use crate::dra_select::{Candidate, DeviceId};
@@ -98,6 +101,9 @@ pub(crate) struct Pick<'a> {
     /// Free devices that match the request's selectors, in candidate order.
     pub options: Vec<&'a Candidate>,
     pub want: usize,
+    /// What the request consumes of each option that allows multiple
+    /// allocations (the others it takes whole).
+    pub shares: BTreeMap<DeviceId, Amounts>,
 }
 
 /// Why no devices were chosen.
@@ -115,6 +121,8 @@ struct Search<'p, 'a> {
     /// Per constraint: the value every device must share, once one is picked.
     values: Vec<Option<&'a Value>>,
     used: BTreeSet<&'a DeviceId>,
+    /// What is left of the shared devices.
+    room: Ledger,
     chosen: Vec<Vec<&'a DeviceId>>,
     steps: usize,
 }
@@ -133,7 +141,12 @@ impl<'a> Search<'_, 'a> {
                 break;
             }
             let c = pick.options[i];
-            if self.used.contains(&c.id) {
+            let share = pick.shares.get(&c.id);
+            let free = match share {
+                Some(amounts) => self.room.fits(&c.id, amounts),
+                None => !self.used.contains(&c.id),
+            };
+            if !free {
                 continue;
             }
             self.steps += 1;
@@ -159,13 +172,23 @@ impl<'a> Search<'_, 'a> {
                 }
             }
             if fits {
-                self.used.insert(&c.id);
+                match share {
+                    Some(amounts) => self.room.take(&c.id, amounts),
+                    None => {
+                        self.used.insert(&c.id);
+                    }
+                }
                 self.chosen[p].push(&c.id);
                 if self.go(p, i + 1)? {
                     return Ok(true);
                 }
                 self.chosen[p].pop();
-                self.used.remove(&c.id);
+                match share {
+                    Some(amounts) => self.room.give_back(&c.id, amounts),
+                    None => {
+                        self.used.remove(&c.id);
+                    }
+                }
             }
             for k in set_here {
                 self.values[k] = None;
@@ -176,16 +199,19 @@ impl<'a> Search<'_, 'a> {
 }
 
 /// The devices of each pick, in order: `want` distinct devices per pick,
-/// no device twice, every constraint met.
+/// a device taken whole in one pick only, the shares of a device within
+/// what `room` has left of it, every constraint met.
 pub(crate) fn choose(
     picks: &[Pick<'_>],
     constraints: &[MatchAttribute],
+    room: &Ledger,
 ) -> Result<Vec<Vec<DeviceId>>, NoFit> {
     let mut s = Search {
         picks,
         constraints,
         values: vec![None; constraints.len()],
         used: BTreeSet::new(),
+        room: room.clone(),
         chosen: vec![Vec::new(); picks.len()],
         steps: 0,
     };
@@ -196,6 +222,49 @@ pub(crate) fn choose(
             .collect())
     } else {
         Err(NoFit::Unsatisfiable)
+    }
+}
+
+/// The error for picks [`choose`] found no devices for, naming the
+/// attribute values the options have.
+pub(crate) fn unsatisfiable(
+    claim: &str,
+    node: &str,
+    picks: &[Pick<'_>],
+    constraints: &[MatchAttribute],
+    why: NoFit,
+) -> AllocError {
+    let names: Vec<String> = constraints.iter().map(|c| c.name()).collect();
+    let per_request: Vec<String> = picks
+        .iter()
+        .map(|p| {
+            let values: Vec<String> = constraints
+                .iter()
+                .map(|c| values_seen(c, &p.options).join(", "))
+                .collect();
+            format!("{} wants {} of [{}]", p.request, p.want, values.join(" | "))
+        })
+        .collect();
+    let what = match why {
+        NoFit::Unsatisfiable => "no choice of devices satisfies",
+        NoFit::GaveUp => "the search gave up on",
+    };
+    let shared = if picks.iter().any(|p| !p.shares.is_empty()) {
+        " (within the capacity left on shared devices)"
+    } else {
+        ""
+    };
+    AllocError::Unsatisfiable {
+        claim: claim.to_string(),
+        request: picks
+            .first()
+            .map(|p| p.request.to_string())
+            .unwrap_or_default(),
+        message: format!(
+            "{what} matchAttribute {}{shared} on node {node}; values of the free matching devices: {}",
+            names.join(", "),
+            per_request.join("; ")
+        ),
     }
 }
 
@@ -237,6 +306,8 @@ mod tests {
                 attributes,
             },
             taints: Vec::new(),
+            allow_multiple_allocations: false,
+            capacity: BTreeMap::new(),
         }
     }
 
@@ -270,28 +341,34 @@ mod tests {
                 request: "cam",
                 options: cams.iter().collect(),
                 want: 1,
+                shares: BTreeMap::new(),
             },
             Pick {
                 request: "cpu",
                 options: cpus.iter().collect(),
                 want: 1,
+                shares: BTreeMap::new(),
             },
         ];
-        let got = choose(&picks, &cons).unwrap();
+        let got = choose(&picks, &cons, &Ledger::default()).unwrap();
         assert_eq!(names(&got), [vec!["cam-1"], vec!["cpu-1"]]);
         // Two cameras on one node: only 0 and 1 exist, on different nodes.
         let two = [Pick {
             request: "cam",
             options: cams.iter().collect(),
             want: 2,
+            shares: BTreeMap::new(),
         }];
-        assert_eq!(choose(&two, &cons), Err(NoFit::Unsatisfiable));
+        assert_eq!(
+            choose(&two, &cons, &Ledger::default()),
+            Err(NoFit::Unsatisfiable)
+        );
         // The constraint names only "cpu": the cameras are free to differ.
         let only_cpu = parse("c", &[numa_constraint(Some(&["cpu"]))], &reqs).unwrap();
-        let got = choose(&two, &only_cpu).unwrap();
+        let got = choose(&two, &only_cpu, &Ledger::default()).unwrap();
         assert_eq!(names(&got), [vec!["cam-0", "cam-1"]]);
         // Without constraints the first devices are taken, one device once.
-        let got = choose(&two, &[]).unwrap();
+        let got = choose(&two, &[], &Ledger::default()).unwrap();
         assert_eq!(names(&got), [vec!["cam-0", "cam-1"]]);
     }
 
