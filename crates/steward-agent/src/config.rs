@@ -96,6 +96,10 @@ pub struct AgentConfig {
     /// Publish the node's devices as `resource.k8s.io/v1` ResourceSlices
     /// (Kubernetes mode only; [`crate::dra`]).
     pub dra_slices: bool,
+    /// How the slices publish Instances of several slots: one device per
+    /// slot, or one device with consumable capacity
+    /// ([`steward_core::dra::Layout`]).
+    pub dra_layout: steward_core::dra::Layout,
     /// Serve the DRA kubelet plugin on the device plugins' slot ledger
     /// (needs `device_plugins`; [`crate::dra::kubelet`]).
     pub dra_plugin: Option<crate::dra::DraPluginConfig>,
@@ -122,6 +126,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("timings", &self.timings)
             .field("device_plugins", &self.device_plugins)
             .field("dra_slices", &self.dra_slices)
+            .field("dra_layout", &self.dra_layout)
             .field("dra_plugin", &self.dra_plugin)
             .finish()
     }
@@ -151,6 +156,7 @@ impl AgentConfig {
             readiness: steward_nodeio::Readiness::new(),
             store_wait: Duration::from_secs(60),
             dra_slices: false,
+            dra_layout: steward_core::dra::Layout::PerSlot,
             dra_plugin: None,
         }
     }

@@ -104,6 +104,7 @@ pub async fn run(
             background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
             if cfg.dra_slices {
                 let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
+                let layout = cfg.dra_layout;
                 dra_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                     // An older cluster: one warning, no ResourceSlices; the
                     // device plugins and the rest go on.
@@ -114,7 +115,7 @@ pub async fn run(
                     )
                     .await
                     {
-                        dra::publish(client, node, stop).await;
+                        dra::publish(client, node, layout, stop).await;
                     }
                 })));
             }

@@ -34,7 +34,12 @@ struct Agent {
 impl Agent {
     fn start(api: &ApiServer, node: &str) -> Self {
         let stop = CancellationToken::new();
-        let task = tokio::spawn(publish(api.client(), node.to_owned(), stop.clone()));
+        let task = tokio::spawn(publish(
+            api.client(),
+            node.to_owned(),
+            steward_core::dra::Layout::PerSlot,
+            stop.clone(),
+        ));
         Self { stop, task }
     }
 

@@ -120,6 +120,11 @@ pub struct ResourceClaimHold {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 128))]
     pub device: String,
+    /// The allocation's `shareID` (a device that allows multiple
+    /// allocations).
+    #[serde(default, rename = "shareID", skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub share_id: String,
 }
 
 /// Errors converting between [`SlotClaim`]s and the core's [`Claim`]s.
@@ -160,6 +165,7 @@ impl SlotClaimSpec {
                 request: h.request.clone(),
                 pool: h.pool.clone(),
                 device: h.device.clone(),
+                share_id: h.share_id.clone(),
             }),
         })
     }
@@ -191,6 +197,7 @@ impl SlotClaimSpec {
                         request: h.request.clone(),
                         pool: h.pool.clone(),
                         device: h.device.clone(),
+                        share_id: h.share_id.clone(),
                         users: Vec::new(),
                     })
                 }),

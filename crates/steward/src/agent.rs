@@ -81,6 +81,14 @@ pub struct AgentArgs {
     /// slot ledger. Needs CDI (--cdi-dir) and the device plugins.
     #[arg(long, conflicts_with_all = ["standalone", "no_device_plugins"])]
     dra: bool,
+    /// With --dra: publish an Instance of two or more slots as one device
+    /// with consumable capacity (allowMultipleAllocations, its free slots
+    /// as capacity "slots") instead of one device per slot. Needs
+    /// DRAConsumableCapacity (on by default from Kubernetes 1.36); where
+    /// the API server drops it, one device per slot is published and one
+    /// warning says so.
+    #[arg(long, requires = "dra")]
+    dra_consumable_capacity: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -142,6 +150,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;
+    if args.dra_consumable_capacity {
+        cfg.dra_layout = steward_core::dra::Layout::Consumable;
+    }
     if args.dra {
         cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir));
     }

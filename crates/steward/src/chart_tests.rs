@@ -60,6 +60,11 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.cdi.enabled=false",
     ],
     &["dra.enabled=true", "controller.enabled=true"],
+    &[
+        "dra.enabled=true",
+        "dra.consumableCapacity=true",
+        "controller.enabled=true",
+    ],
 ];
 
 fn chart() -> PathBuf {

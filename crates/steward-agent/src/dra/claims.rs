@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use steward_core::dra::DRIVER;
+use steward_core::dra::{DRIVER, SLOTS_CAPACITY};
 use steward_core::ledger::{ClaimRef, Holder, PodRef};
 
 use super::prepare::AllocatedDevice;
@@ -102,10 +102,19 @@ pub async fn read_claim(
         .unwrap_or_default()
         .into_iter()
         .filter(|r| r.driver == DRIVER)
-        .map(|r| AllocatedDevice {
-            request: r.request,
-            pool: r.pool,
-            device: r.device,
+        .map(|r| {
+            let slots = r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get(SLOTS_CAPACITY))
+                .map(|q| q.0.clone());
+            AllocatedDevice {
+                request: r.request,
+                pool: r.pool,
+                device: r.device,
+                share_id: r.share_id.unwrap_or_default(),
+                slots,
+            }
         })
         .collect();
     if devices.is_empty() {

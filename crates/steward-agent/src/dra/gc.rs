@@ -40,9 +40,12 @@ pub fn stale(hold: &ClaimHold, claim: Option<&ResourceClaim>) -> Option<String> 
         .and_then(|a| a.devices.as_ref())
         .and_then(|d| d.results.as_ref())
         .is_some_and(|results| {
-            results
-                .iter()
-                .any(|r| r.driver == DRIVER && r.pool == hold.pool && r.device == hold.device)
+            results.iter().any(|r| {
+                r.driver == DRIVER
+                    && r.pool == hold.pool
+                    && r.device == hold.device
+                    && r.share_id.as_deref().unwrap_or_default() == hold.share_id
+            })
         });
     (!allocated).then(|| {
         format!(

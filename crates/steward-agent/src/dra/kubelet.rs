@@ -192,7 +192,7 @@ impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
                         pool_name: d.pool,
                         device_name: d.device,
                         cdi_device_ids: d.cdi_ids,
-                        share_id: None,
+                        share_id: (!d.share_id.is_empty()).then_some(d.share_id),
                     })
                     .collect(),
                 error: String::new(),

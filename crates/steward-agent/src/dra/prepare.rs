@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use steward_core::dra::{DRIVER, slot_for_device};
+use steward_core::dra::{DRIVER, instance_for_device, slot_for_device};
 use steward_core::ledger::{ClaimHold, ClaimRef, Holder};
 
 use crate::claims::ClaimStore;
@@ -34,19 +34,42 @@ pub enum PrepareError {
         "device {0} cannot be handed to a container: CDI is off on this node (the agent needs --cdi-dir for DRA)"
     )]
     NoCdi(String),
+    /// A consumable device has fewer free slots on this node than the
+    /// allocation consumed (a device plugin took them meanwhile).
+    #[error(
+        "device {device}: the allocation consumed {want} slot(s), {free} free on this node; nothing was prepared"
+    )]
+    Full {
+        device: String,
+        want: u32,
+        free: u32,
+    },
+    /// The allocation's consumed capacity is not a whole number of slots
+    /// between 1 and the device's.
+    #[error(
+        "device {device}: consumedCapacity slots {consumed:?} is not a whole number between 1 and {capacity}; nothing was prepared"
+    )]
+    BadCapacity {
+        device: String,
+        consumed: String,
+        capacity: u32,
+    },
     /// The slot keeper refused the claim or could not make it durable.
     #[error(transparent)]
     Refused(#[from] ClaimRefused),
 }
 
 impl PrepareError {
-    /// The `result` label: `no_devices`, `unknown_device`, `no_cdi`, or
+    /// The `result` label: `no_devices`, `unknown_device`, `no_cdi`,
+    /// `device_full`, `bad_capacity`, or
     /// the slot keeper's label ([`ClaimRefused::label`]).
     pub fn label(&self) -> &'static str {
         match self {
             Self::NoDevices(_) => "no_devices",
             Self::NotHere { .. } => "unknown_device",
             Self::NoCdi(_) => "no_cdi",
+            Self::Full { .. } => "device_full",
+            Self::BadCapacity { .. } => "bad_capacity",
             Self::Refused(e) => e.label(),
         }
     }
@@ -58,6 +81,21 @@ pub struct AllocatedDevice {
     pub request: String,
     pub pool: String,
     pub device: String,
+    /// `shareID`: set when the device allows multiple allocations.
+    pub share_id: String,
+    /// `consumedCapacity["slots"]` as written (a quantity), if any.
+    pub slots: Option<String>,
+}
+
+/// How many slots an allocation of a consumable device of `capacity`
+/// slots consumed: `consumedCapacity["slots"]`, 1 when the scheduler
+/// wrote none; `None` when it is not a whole number in `1..=capacity`.
+fn consumed_slots(d: &AllocatedDevice, capacity: u32) -> Option<u32> {
+    let Some(q) = &d.slots else { return Some(1) };
+    steward_core::quantity::parse_count(q)
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| (1..=capacity).contains(n))
 }
 
 /// An allocated device prepared on this node.
@@ -66,15 +104,20 @@ pub struct PreparedDevice {
     pub request: String,
     pub pool: String,
     pub device: String,
-    /// The slot it is (`<instance>-<n>`).
-    pub slot: String,
+    /// The slots it is (`<instance>-<n>`): one for a per-slot device, as
+    /// many as the allocation consumed of a consumable one.
+    pub slots: Vec<String>,
+    /// The allocation's `shareID` (empty for a device not shared).
+    pub share_id: String,
     /// What the container gets: the Instance's CDI device.
     pub cdi_ids: Vec<String>,
 }
 
 impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     /// Prepares `devices` for `claim` (used by `users`): resolves each
-    /// device to the slot it was published as, claims them all durably or
+    /// device to the slot it was published as (a consumable device: to as
+    /// many free slots of its Instance as the allocation consumed, the
+    /// same ones again for a share already prepared), claims them all durably or
     /// none, and answers their CDI devices. Idempotent for a claim already
     /// prepared: a repeat with the same devices and users writes nothing
     /// and answers the same. A device the claim already holds is prepared
@@ -111,17 +154,50 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         }
         let mut st = self.lock().await;
         let mut prepared = Vec::new();
-        let mut holds = Vec::new();
+        let mut holds: Vec<(String, ClaimHold)> = Vec::new();
         for d in devices {
-            let instances = st
-                .instances
-                .values()
-                .map(|i| (i.name.as_str(), i.capacity, &i.nodes));
-            // The device as published now, or as this claim already holds
-            // it (prepared before its Instance moved pool).
-            let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances)
-                .or_else(|| st.ledger.held_as(&claim.uid, &d.pool, &d.device))
-            else {
+            let hold = ClaimHold {
+                claim: claim.clone(),
+                request: d.request.clone(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                share_id: d.share_id.clone(),
+                users: users.to_vec(),
+            };
+            let instances = || {
+                st.instances
+                    .values()
+                    .map(|i| (i.name.as_str(), i.capacity, &i.nodes))
+            };
+            // The device as published now (a slot, or a whole Instance with
+            // consumable capacity), or as this claim already holds it
+            // (prepared before its Instance moved pool).
+            let (instance, slots) = if let Some(slot) =
+                slot_for_device(&self.node, &d.pool, &d.device, instances())
+                    .or_else(|| st.ledger.held_as(&claim.uid, &d.pool, &d.device))
+            {
+                let instance = slot.rsplit_once('-').map(|(i, _)| i).unwrap_or_default();
+                (instance.to_owned(), vec![slot])
+            } else if let Some((instance, capacity)) =
+                instance_for_device(&self.node, &d.pool, &d.device, instances())
+            {
+                let want =
+                    consumed_slots(d, capacity).ok_or_else(|| PrepareError::BadCapacity {
+                        device: d.device.clone(),
+                        consumed: d.slots.clone().unwrap_or_default(),
+                        capacity,
+                    })?;
+                let taken = holds.iter().map(|(s, _)| s.clone()).collect();
+                let slots = st
+                    .ledger
+                    .consumable_pick(instance, capacity, &hold, want, &taken)
+                    .map_err(|free| PrepareError::Full {
+                        device: d.device.clone(),
+                        want,
+                        free,
+                    })?;
+                (instance.to_owned(), slots)
+            } else {
                 return Err(PrepareError::NotHere {
                     claim: claim.clone(),
                     pool: d.pool.clone(),
@@ -131,25 +207,19 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             };
             let cdi = st
                 .instances
-                .get(slot.rsplit_once('-').map(|(i, _)| i).unwrap_or_default())
+                .get(&instance)
                 .map(|i| i.cdi_name.clone())
                 .unwrap_or_default();
             if !self.cdi || cdi.is_empty() {
                 return Err(PrepareError::NoCdi(d.device.clone()));
             }
-            let hold = ClaimHold {
-                claim: claim.clone(),
-                request: d.request.clone(),
-                pool: d.pool.clone(),
-                device: d.device.clone(),
-                users: users.to_vec(),
-            };
-            holds.push((slot.clone(), hold));
+            holds.extend(slots.iter().map(|s| (s.clone(), hold.clone())));
             prepared.push(PreparedDevice {
                 request: d.request.clone(),
                 pool: d.pool.clone(),
                 device: d.device.clone(),
-                slot,
+                slots,
+                share_id: d.share_id.clone(),
                 cdi_ids: vec![cdi],
             });
         }
@@ -179,7 +249,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         drop(st);
         match result {
             Ok(()) => {
-                tracing::info!(%claim, slots = ?prepared.iter().map(|p| &p.slot).collect::<Vec<_>>(), "DRA claim prepared");
+                tracing::info!(%claim, slots = ?prepared.iter().map(|p| &p.slots).collect::<Vec<_>>(), "DRA claim prepared");
                 Ok(prepared)
             }
             Err(refused) => Err(refused.into()),

@@ -22,15 +22,17 @@ use futures::FutureExt as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::watcher;
 use steward_api::{Instance, SlotClaim};
 use steward_core::dra::{
-    Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, PoolScope, SlicePlan, next_generation, plan,
-    slice_name,
+    Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, Layout, PoolScope, SLOTS_CAPACITY, SliceDevice,
+    SlicePlan, next_generation, plan_with, slice_name,
 };
 use steward_kube::{Mirror, follow};
 use tokio_util::sync::CancellationToken;
@@ -95,6 +97,56 @@ enum Taints {
     Dropped,
 }
 
+/// Whether the API server keeps `allowMultipleAllocations`
+/// (`DRAConsumableCapacity`), as the first write of a consumable device
+/// showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consumable {
+    Unknown,
+    Kept,
+    /// Dropped: the slices go back to one device per slot.
+    Dropped,
+}
+
+/// One slot of capacity, consumed by an allocation that asks for none.
+fn one() -> Quantity {
+    Quantity("1".into())
+}
+
+/// The API's form of one planned device; tainted when held and `taints`.
+fn device(d: &SliceDevice, taints: bool) -> Device {
+    let consumable = d.slots.map(|n| {
+        BTreeMap::from([(
+            SLOTS_CAPACITY.to_owned(),
+            DeviceCapacity {
+                value: Quantity(n.to_string()),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(one()),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: one(),
+                        step: Some(one()),
+                        max: None,
+                    }),
+                    valid_values: None,
+                }),
+            },
+        )])
+    });
+    Device {
+        name: d.name.clone(),
+        attributes: Some(
+            d.attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), attribute(v)))
+                .collect(),
+        ),
+        taints: (taints && d.held).then(|| vec![held_taint()]),
+        allow_multiple_allocations: consumable.is_some().then_some(true),
+        capacity: consumable,
+        ..Device::default()
+    }
+}
+
 /// The spec of one planned slice at `generation`; held slots tainted when
 /// `taints`.
 fn spec(p: &SlicePlan, generation: i64, taints: bool) -> ResourceSliceSpec {
@@ -123,22 +175,7 @@ fn spec(p: &SlicePlan, generation: i64, taints: bool) -> ResourceSliceSpec {
         },
         node_name,
         node_selector,
-        devices: Some(
-            p.devices
-                .iter()
-                .map(|d| Device {
-                    name: d.name.clone(),
-                    attributes: Some(
-                        d.attributes
-                            .iter()
-                            .map(|(k, v)| (k.clone(), attribute(v)))
-                            .collect(),
-                    ),
-                    taints: (taints && d.held).then(|| vec![held_taint()]),
-                    ..Device::default()
-                })
-                .collect(),
-        ),
+        devices: Some(p.devices.iter().map(|d| device(d, taints)).collect()),
         ..ResourceSliceSpec::default()
     }
 }
@@ -174,6 +211,20 @@ fn kept_taints(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Option<b
     (sent > 0).then(|| count(stored) == sent)
 }
 
+/// Whether the server kept `allowMultipleAllocations` of the devices
+/// `sent` had it on.
+fn kept_consumable(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Option<bool> {
+    let count = |s: &ResourceSliceSpec| -> usize {
+        s.devices
+            .iter()
+            .flatten()
+            .filter(|d| d.allow_multiple_allocations == Some(true))
+            .count()
+    };
+    let sent = count(sent);
+    (sent > 0).then(|| count(stored) == sent)
+}
+
 /// The slices one node has written, as last seen.
 pub struct SlicePublisher {
     api: Api<ResourceSlice>,
@@ -182,6 +233,9 @@ pub struct SlicePublisher {
     /// slice name → the object as written (its resourceVersion).
     written: Option<BTreeMap<String, ResourceSlice>>,
     taints: Taints,
+    /// The layout asked for, and whether the server keeps it.
+    layout: Layout,
+    consumable: Consumable,
 }
 
 impl SlicePublisher {
@@ -192,6 +246,25 @@ impl SlicePublisher {
             label: writer_label(node),
             written: None,
             taints: Taints::Unknown,
+            layout: Layout::PerSlot,
+            consumable: Consumable::Unknown,
+        }
+    }
+
+    /// The same, publishing Instances of several slots as `layout` says
+    /// while the API server keeps it.
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// The layout to plan with: the one asked for, unless the API server
+    /// dropped consumable devices.
+    pub fn layout(&self) -> Layout {
+        if self.consumable == Consumable::Dropped {
+            Layout::PerSlot
+        } else {
+            self.layout
         }
     }
 
@@ -221,6 +294,7 @@ impl SlicePublisher {
         let api = self.api.clone();
         let taints = self.taints != Taints::Dropped;
         let mut taint_support = self.taints;
+        let mut consumable = self.consumable;
         let written = self.load().await?;
         // A slice wanted here that another node wrote (a shared pool whose
         // writer changed) is adopted: its generation and content count.
@@ -293,6 +367,18 @@ impl SlicePublisher {
                         }
                         _ => {}
                     }
+                    match kept_consumable(spec, &s.spec) {
+                        Some(true) => consumable = Consumable::Kept,
+                        Some(false) if consumable != Consumable::Dropped => {
+                            warn!(
+                                "the API server dropped allowMultipleAllocations of ResourceSlice {name}: \
+                                 DRAConsumableCapacity is off (beta, on by default from Kubernetes 1.36). \
+                                 Publishing one device per slot instead"
+                            );
+                            consumable = Consumable::Dropped;
+                        }
+                        _ => {}
+                    }
                     written.insert(name.clone(), s);
                     writes += 1;
                 }
@@ -328,6 +414,7 @@ impl SlicePublisher {
             written.remove(&name);
         }
         self.taints = taint_support;
+        self.consumable = consumable;
         if writes > 0 {
             debug!(node = %self.node, writes, "ResourceSlices synced");
         }
@@ -363,8 +450,10 @@ fn held_through_plugin(c: &SlotClaim) -> Option<(String, u32)> {
 
 /// Publishes `node`'s ResourceSlices until `stop`, then deletes the ones it
 /// wrote. Slots held through device plugins (their SlotClaims) are
-/// published tainted; a burst of claim changes is one sync.
-pub async fn publish(client: kube::Client, node: String, stop: CancellationToken) {
+/// published tainted (for a consumable device: off its capacity); a burst
+/// of claim changes is one sync. Instances of several slots are published
+/// as `layout` says, while the API server keeps consumable devices.
+pub async fn publish(client: kube::Client, node: String, layout: Layout, stop: CancellationToken) {
     let mut changes = std::pin::pin!(follow(
         Api::<Instance>::all(client.clone()),
         watcher::Config::default()
@@ -378,7 +467,7 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
         |i: Instance| Some(dra_instance(&i).1),
     );
     let mut held = Mirror::projected(|c: SlotClaim| held_through_plugin(&c));
-    let mut publisher = SlicePublisher::new(client, &node);
+    let mut publisher = SlicePublisher::new(client, &node).with_layout(layout);
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut noted: Vec<String> = Vec::new();
     // The held slots last planned with, and whether anything else changed
@@ -440,7 +529,8 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
             .collect();
         planned_held = Some(by_instance);
         due = false;
-        let (plans, notes) = plan(&node, &all);
+        let planned_layout = publisher.layout();
+        let (plans, notes) = plan_with(&node, &all, planned_layout);
         if notes != noted {
             for n in &notes {
                 info!(node = %node, "{n}");
@@ -448,6 +538,12 @@ pub async fn publish(client: kube::Client, node: String, stop: CancellationToken
             noted = notes;
         }
         retry_at = match publisher.sync(&plans).await {
+            // The server dropped consumable devices: plan again at once,
+            // one device per slot.
+            Ok(_) if publisher.layout() != planned_layout => {
+                due = true;
+                Some(tokio::time::Instant::now())
+            }
             Ok(_) => None,
             Err(e) => {
                 due = true;

@@ -19,21 +19,32 @@
 //! slice of a pool carrying the pool's generation and slice count; the
 //! generation moves when the pool's content does ([`next_generation`]).
 //!
+//! **Consumable capacity.** Where the cluster has `DRAConsumableCapacity`
+//! and the agent is told to, an Instance of two or more slots is one device
+//! that allows multiple allocations, its free slots a capacity
+//! ([`Layout::Consumable`]); prepare picks the slots.
+//!
 //! **Topology.** Devices whose discovery reports a NUMA node or a PCI
 //! devpath carry the standard `resource.kubernetes.io/numaNode` and
 //! `resource.kubernetes.io/pcieRoot` ([`topology_attributes`]).
 
 mod attributes;
+mod consumable;
+mod pools;
 #[cfg(test)]
 mod proptests;
 mod slices;
 mod topology;
 
 pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
+pub use consumable::{
+    Layout, SLOTS_CAPACITY, consumable_device_name, consumable_slots, instance_for_device,
+};
+pub use pools::{is_shared, pool_of};
 pub use slices::{
     DraInstance, HELD_TAINT_KEY, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan,
-    attribute_value, configuration_selector, device_name, instance_selector, is_shared,
-    next_generation, plan, pool_of, slice_name, slot_for_device, writer,
+    attribute_value, configuration_selector, device_name, instance_selector, next_generation, plan,
+    plan_with, slice_name, slot_for_device, writer,
 };
 pub use topology::{
     DEVPATH_PROPERTY, NUMA_NODE_ATTRIBUTE, NUMA_PROPERTY, PCIE_ROOT_ATTRIBUTE, numa_node,

@@ -82,6 +82,61 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// With the consumable layout, every seen Instance is published once,
+    /// by one node: as one device per slot when it has one slot, else as
+    /// one device whose capacity is its slots not held through a device
+    /// plugin (its full capacity, tainted, when none is free), named so no
+    /// slot's device name meets it, and read back as that Instance.
+    #[test]
+    fn the_consumable_layout_publishes_each_slot_once_as_a_slot_or_as_capacity(
+        instances in proptest::collection::btree_map(name(), (instance(), proptest::collection::btree_set(0u32..220, 0..10)), 0..6)
+    ) {
+        let instances: Vec<DraInstance> = instances
+            .into_iter()
+            .map(|(n, (mut i, held))| { i.name = n; i.held = held; i })
+            .collect();
+        let mut published: BTreeMap<String, u32> = BTreeMap::new();
+        let mut names = BTreeSet::new();
+        for node in NODES {
+            let (slices, _) = plan_with(node, &instances, Layout::Consumable);
+            for s in &slices {
+                prop_assert!(s.devices.len() <= MAX_DEVICES_PER_SLICE);
+                for d in &s.devices {
+                    prop_assert!(d.name.len() <= 63 && !d.name.contains('.'), "{}", d.name);
+                    prop_assert!(names.insert(d.name.clone()), "{} published twice", d.name);
+                    let inst = instances.iter().find(|i| i.name == d.instance)
+                        .ok_or_else(|| TestCaseError::fail("a device of no Instance"))?;
+                    let free = consumable_slots(inst.capacity, &inst.held);
+                    match d.slots {
+                        Some(n) => {
+                            prop_assert!(inst.capacity >= 2);
+                            prop_assert_eq!(d.held, free == 0);
+                            prop_assert_eq!(n, if free == 0 { inst.capacity } else { free });
+                            prop_assert!(!d.attributes.contains_key("slot"));
+                            let seen = instances.iter().map(|i| (i.name.as_str(), i.capacity, &i.nodes));
+                            prop_assert_eq!(
+                                instance_for_device(node, &s.pool, &d.name, seen),
+                                Some((inst.name.as_str(), inst.capacity)));
+                            *published.entry(d.instance.clone()).or_default() += inst.capacity;
+                        }
+                        None => {
+                            prop_assert_eq!(inst.capacity, 1);
+                            *published.entry(d.instance.clone()).or_default() += 1;
+                        }
+                    }
+                }
+            }
+        }
+        for i in &instances {
+            let want = if i.nodes.is_empty() { 0 } else { i.capacity };
+            prop_assert_eq!(published.get(&i.name).copied().unwrap_or(0), want, "{}", i.name);
+        }
+    }
+}
+
 fn numa_value() -> impl Strategy<Value = Option<String>> {
     proptest::option::of(prop_oneof![
         (0i64..4).prop_map(|n| n.to_string()),

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use super::DRIVER;
 use super::attributes::{Attribute, attributes_of};
+use super::consumable::{Layout, consumable_device_name, consumable_slots};
+use super::pools::{is_shared, pool_of};
 use super::topology::topology_attributes;
 use crate::discovery::instances::fnv1a64;
 use crate::reservation::slot_id;
@@ -21,8 +23,6 @@ pub const MAX_DEVICES_PER_SLICE: usize = 64;
 pub const HELD_TAINT_KEY: &str = "steward.dev/held";
 /// Longest DNS label (a device name).
 const MAX_LABEL: usize = 63;
-/// Longest pool name.
-const MAX_POOL: usize = 253;
 
 /// An Instance as DRA needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,17 +52,25 @@ pub enum PoolScope {
     Nodes(BTreeSet<String>),
 }
 
-/// One device: a slot.
+/// One device: a slot, or a whole Instance with consumable capacity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SliceDevice {
-    /// The DRA device name ([`device_name`]).
+    /// The DRA device name ([`device_name`], or
+    /// [`super::consumable_device_name`]).
     pub name: String,
-    /// The Instance and the slot id it is (`<instance>-<n>`).
+    /// The Instance and the slot id it is (`<instance>-<n>`; empty for a
+    /// consumable device).
     pub instance: String,
     pub slot: String,
     pub attributes: BTreeMap<String, Attribute>,
-    /// The slot is held through a device plugin ([`HELD_TAINT_KEY`]).
+    /// The slot is held through a device plugin ([`HELD_TAINT_KEY`]); for
+    /// a consumable device: every slot is.
     pub held: bool,
+    /// `Some(n)`: one device for the whole Instance that allows multiple
+    /// allocations, with `n` slots of capacity
+    /// ([`super::SLOTS_CAPACITY`]; [`super::consumable_slots`]).
+    #[serde(default)]
+    pub slots: Option<u32>,
 }
 
 /// One ResourceSlice to write.
@@ -123,17 +131,6 @@ pub fn slice_name(pool: &str, index: usize) -> String {
     format!("steward-{:016x}-{index}", fnv1a64(&[pool.as_bytes()]))
 }
 
-/// The pool of a shared Instance.
-fn shared_pool(instance: &str) -> String {
-    let name = format!("shared/{instance}");
-    if name.len() <= MAX_POOL {
-        return name;
-    }
-    let hash = fnv1a64(&[instance.as_bytes()]);
-    let head: String = instance.chars().take(200).collect();
-    format!("shared/{}-{hash:016x}", head.trim_end_matches(['-', '.']))
-}
-
 /// Longest string attribute value the API accepts.
 const MAX_VALUE: usize = 64;
 
@@ -176,38 +173,6 @@ pub fn instance_selector(namespace: &str, instance: &str) -> String {
     )
 }
 
-/// The pool `node` publishes the devices of `instance` in, given the
-/// nodes that see it: the one answer the slices ([`plan`]), prepare
-/// ([`slot_for_device`]) and the health stream use.
-///
-/// * `None` when `node` is not among `nodes`: it publishes none of the
-///   Instance's devices.
-/// * The node's own pool (named after it) when only `node` sees the
-///   Instance — whatever its discovery handler calls it: a shareable
-///   device (`spec.shared`) seen by one node is that node's device.
-/// * The Instance's own pool, `shared/<instance>`, when several nodes see
-///   it (published by its [`writer`]).
-///
-/// An Instance that a second node starts to see moves from the first
-/// pool to the second (and back when only one node is left): devices
-/// already prepared from the old pool keep their slots (see
-/// `docs/DRA.md`), new allocations come from the new pool.
-pub fn pool_of(node: &str, instance: &str, nodes: &BTreeSet<String>) -> Option<String> {
-    if !nodes.contains(node) {
-        None
-    } else if is_shared(nodes) {
-        Some(shared_pool(instance))
-    } else {
-        Some(node.to_owned())
-    }
-}
-
-/// Whether an Instance seen by `nodes` is published as shared (its own
-/// pool, the `shared` attribute true): more than one node sees it.
-pub fn is_shared(nodes: &BTreeSet<String>) -> bool {
-    nodes.len() > 1
-}
-
 /// The slot an allocated DRA device names, read back the way [`plan`]
 /// published it: `device` must be [`device_name`] of a slot `n < capacity`
 /// of one of `instances` (name, capacity, the nodes that see it) and
@@ -234,6 +199,16 @@ pub fn slot_for_device<'a>(
 /// Also returns what was left out, one line each (property names that
 /// cannot be attributes).
 pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<String>) {
+    plan_with(node, instances, Layout::PerSlot)
+}
+
+/// [`plan`], with the Instances of two or more slots published as
+/// `layout` says.
+pub fn plan_with(
+    node: &str,
+    instances: &[DraInstance],
+    layout: Layout,
+) -> (Vec<SlicePlan>, Vec<String>) {
     let mut pools: BTreeMap<String, (PoolScope, Vec<SliceDevice>)> = BTreeMap::new();
     let mut notes = Vec::new();
     for inst in instances {
@@ -275,6 +250,20 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
             ));
         }
         let entry = pools.entry(pool).or_insert_with(|| (scope, Vec::new()));
+        if layout.one_device(inst.capacity) {
+            // No free slot: the device is tainted instead (a capacity of
+            // 0 is not a capacity the API's request policies can meet).
+            let free = consumable_slots(inst.capacity, &inst.held);
+            entry.1.push(SliceDevice {
+                name: consumable_device_name(&inst.name),
+                instance: inst.name.clone(),
+                slot: String::new(),
+                attributes: base,
+                held: free == 0,
+                slots: Some(if free == 0 { inst.capacity } else { free }),
+            });
+            continue;
+        }
         for n in 0..inst.capacity {
             let mut attributes = base.clone();
             if attributes.len() < super::MAX_ATTRIBUTES {
@@ -286,6 +275,7 @@ pub fn plan(node: &str, instances: &[DraInstance]) -> (Vec<SlicePlan>, Vec<Strin
                 slot: slot_id(&inst.name, n),
                 attributes,
                 held: inst.held.contains(&n),
+                slots: None,
             });
         }
     }
@@ -338,6 +328,38 @@ mod tests {
             properties: BTreeMap::from([("DEVNODE".into(), "/dev/video0".into())]),
             held: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn a_consumable_layout_publishes_one_device_per_instance_of_several_slots() {
+        let mut cams = inst("cams", 3, &["n1"]);
+        cams.held = BTreeSet::from([1]);
+        let mut full = inst("full", 2, &["n1"]);
+        full.held = BTreeSet::from([0, 1]);
+        let one = inst("one", 1, &["n1"]);
+        let (slices, _) = plan_with("n1", &[cams, full, one], Layout::Consumable);
+        let devices: Vec<(&str, Option<u32>, bool, bool)> = slices[0]
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.name.as_str(),
+                    d.slots,
+                    d.held,
+                    d.attributes.contains_key("slot"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                ("cams-slots", Some(2), false, false),
+                ("full-slots", Some(2), true, false),
+                ("one-0", None, false, true)
+            ]
+        );
+        let (per_slot, _) = plan_with("n1", &[inst("cams", 3, &["n1"])], Layout::PerSlot);
+        assert_eq!(per_slot[0].devices.len(), 3);
     }
 
     #[test]

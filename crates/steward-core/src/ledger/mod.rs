@@ -121,6 +121,10 @@ pub struct ClaimHold {
     pub pool: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub device: String,
+    /// The allocation's `shareID` when the device allows multiple
+    /// allocations (one consumable device, several slots).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub share_id: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<Holder>,
 }
@@ -133,6 +137,7 @@ impl ClaimHold {
             request: String::new(),
             pool: String::new(),
             device: String::new(),
+            share_id: String::new(),
             users: Vec::new(),
         }
     }

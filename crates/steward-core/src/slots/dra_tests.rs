@@ -3,6 +3,7 @@
 use super::*;
 use crate::Millis;
 use crate::ledger::{ClaimHold, ClaimRef, Holder, PodRef};
+use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";
 
@@ -241,4 +242,45 @@ fn shared_slots_fail_closed_offline_for_claims_too() {
     ));
     let plan = l.prepare(&slots("c1", &["usb-0"]), Millis(1)).unwrap();
     assert_eq!(plan.target, Target::Local);
+}
+
+#[test]
+fn a_consumable_device_gets_free_slots_and_a_repeat_gets_the_same_ones() {
+    let mut l = ledger();
+    // usb-0 is held through the device plugin.
+    let plan = l.allocate(&["usb-0".to_owned()], Millis(1)).unwrap();
+    l.commit(plan.id, Millis(1)).unwrap();
+    let share = |uid: &str, share: &str| {
+        let mut h = hold(uid);
+        h.pool = NODE.into();
+        h.device = "usb-slots".into();
+        h.share_id = share.into();
+        h
+    };
+    let none = BTreeSet::new();
+    let a = share("c1", "s1");
+    assert_eq!(l.consumable_pick("usb", 2, &a, 2, &none), Err(1));
+    let picked = l.consumable_pick("usb", 2, &a, 1, &none).unwrap();
+    assert_eq!(picked, ["usb-1"]);
+    let holds: Vec<(String, ClaimHold)> = picked.iter().map(|s| (s.clone(), a.clone())).collect();
+    let plan = l.prepare(&holds, Millis(2)).unwrap();
+    l.commit(plan.id, Millis(2)).unwrap();
+    // The same share again: the same slot; another share of the same
+    // claim, or another claim: nothing left.
+    assert_eq!(
+        l.consumable_pick("usb", 2, &a, 1, &none).unwrap(),
+        ["usb-1"]
+    );
+    assert_eq!(
+        l.consumable_pick("usb", 2, &share("c1", "s2"), 1, &none),
+        Err(0)
+    );
+    assert_eq!(
+        l.consumable_pick("usb", 2, &share("c2", "s3"), 1, &none),
+        Err(0)
+    );
+    // Slots taken by another device of the same prepare are skipped.
+    let _ = l.unprepare("c1");
+    let taken = BTreeSet::from(["usb-1".to_owned()]);
+    assert_eq!(l.consumable_pick("usb", 2, &a, 1, &taken), Err(0));
 }

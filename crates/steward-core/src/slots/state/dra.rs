@@ -176,6 +176,54 @@ impl SlotLedger {
         })
     }
 
+    /// The slots `hold` gets of the consumable device of `instance` (slots
+    /// `0..capacity`): those its claim already holds as that device and
+    /// share (a repeat), then free ones in slot order, none of `taken`
+    /// (slots other devices of the same prepare got). A free slot is one
+    /// with no record on this node that [`SlotLedger::prepare`] would
+    /// accept. `Err(n)`: only `n < want` can be had.
+    pub fn consumable_pick(
+        &self,
+        instance: &str,
+        capacity: u32,
+        hold: &ClaimHold,
+        want: u32,
+        taken: &BTreeSet<String>,
+    ) -> Result<Vec<String>, u32> {
+        let want_len = usize::try_from(want).unwrap_or(usize::MAX);
+        let mut picked: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(slot, c)| {
+                !taken.contains(*slot)
+                    && c.dra.as_deref().is_some_and(|h| {
+                        h.uid() == hold.uid()
+                            && h.pool == hold.pool
+                            && h.device == hold.device
+                            && h.share_id == hold.share_id
+                    })
+            })
+            .map(|(slot, _)| slot.clone())
+            .take(want_len)
+            .collect();
+        for n in 0..capacity {
+            if picked.len() >= want_len {
+                break;
+            }
+            let slot = crate::reservation::slot_id(instance, n);
+            if taken.contains(&slot) || self.claims.contains_key(&slot) {
+                continue;
+            }
+            if self.check_preparable(&slot, hold).is_ok() {
+                picked.push(slot);
+            }
+        }
+        if picked.len() < want_len {
+            return Err(u32::try_from(picked.len()).unwrap_or(u32::MAX));
+        }
+        Ok(picked)
+    }
+
     /// Whether the claim with `uid` holds `slot`, prepared and durable (its
     /// plan committed).
     pub fn is_prepared(&self, slot: &str, uid: &str) -> bool {
