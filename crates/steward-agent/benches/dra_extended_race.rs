@@ -9,9 +9,13 @@
 //! in turn and the pod is bound where it succeeds. A shared Instance is one
 //! pool, so its slots are counted once cluster-wide by the allocator itself.
 //!
-//! Counts over-commit (a device in two claims, or more claims on an
-//! Instance than it has slots), stuck claims (allocated for a pod that was
-//! not bound) and pods placed per second.
+//! Runs twice in one process: one device per slot, then each Instance as
+//! one device with consumable capacity (KEP-5075, `Layout::Consumable`).
+//!
+//! Counts over-commit (a device in more claims than it has room for: one
+//! per slot device, its slots for a consumable one), stuck claims
+//! (allocated for a pod that was not bound), pods placed per second, and
+//! what the slices cost (devices, bytes stored).
 //!
 //! The stand-in allocator is serial (a process-wide lock, as kube-scheduler
 //! is one active process with its in-memory assume cache), and it reads the
@@ -25,12 +29,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 use steward_agent::dra::SlicePublisher;
-use steward_core::dra::{DraInstance, plan};
+use steward_core::dra::{DraInstance, Layout, consumable_device_name, device_name, plan_with};
 use steward_reservations::deviceclass::{ExtendedInstance, instance_class_for};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::dra_alloc::AllocError;
@@ -38,7 +42,14 @@ use steward_testing_apiserver::dra_extended::schedule_extended_resources;
 
 const NS: &str = "default";
 
-async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_by: usize) {
+async fn race(
+    layout: Layout,
+    pods: usize,
+    instances: usize,
+    capacity: u32,
+    nodes: usize,
+    seen_by: usize,
+) {
     let api = ApiServer::start().await.unwrap();
     api.serve_dra();
     let client = api.client();
@@ -65,8 +76,9 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
         .collect();
     // What each node's agent publishes, and the controller's classes.
     for n in &names {
-        let (plans, _) = plan(n, &insts);
+        let (plans, _) = plan_with(n, &insts, layout);
         SlicePublisher::new(client.clone(), n)
+            .with_layout(layout)
             .sync(&plans)
             .await
             .unwrap();
@@ -108,6 +120,33 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
         .map(|i| u64::from(i.capacity) * i.nodes.len() as u64)
         .sum();
     let real: u64 = insts.iter().map(|i| u64::from(i.capacity)).sum();
+    // What the slices cost: devices and bytes stored.
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    let slice_bytes: usize = slices
+        .iter()
+        .map(|s| serde_json::to_vec(s).unwrap().len())
+        .sum();
+    // How many allocations each published device can take.
+    let room: BTreeMap<String, usize> = insts
+        .iter()
+        .flat_map(|i| {
+            if layout.one_device(i.capacity) {
+                vec![(consumable_device_name(&i.name), i.capacity as usize)]
+            } else {
+                (0..i.capacity)
+                    .map(|n| (device_name(&i.name, n), 1))
+                    .collect()
+            }
+        })
+        .collect();
 
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -174,9 +213,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
             .and_then(|d| d.results.clone())
             .unwrap_or_default();
         for r in &results {
-            *per_device
-                .entry(format!("{}/{}", r.pool, r.device))
-                .or_default() += 1;
+            *per_device.entry(r.device.clone()).or_default() += 1;
         }
         let owner = c
             .metadata
@@ -190,13 +227,17 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
             stuck += 1;
         }
     }
-    let over_commit: usize = per_device.values().map(|n| n.saturating_sub(1)).sum();
+    let over_commit: usize = per_device
+        .iter()
+        .map(|(d, n)| n.saturating_sub(room.get(d).copied().unwrap_or(0)))
+        .sum();
     let bound_count = bound.values().filter(|b| **b).count();
     println!(
-        "race-dra pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; over-commit {over_commit}; stuck {stuck}; claims {}",
+        "race-dra {layout:?} pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; over-commit {over_commit}; stuck {stuck}; claims {}; slices {} with {devices} devices, {slice_bytes} bytes",
         elapsed,
         placed as f64 / elapsed.as_secs_f64(),
         claims.len(),
+        slices.len(),
     );
     assert_eq!(over_commit, 0, "a device allocated twice");
     assert_eq!(stuck, 0, "a claim allocated for a pod never bound");
@@ -216,10 +257,14 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        if smoke {
-            race(20, 2, 2, 6, 3).await;
-        } else {
-            race(1000, 50, 2, 50, 3).await;
+        // One device per slot, then one consumable device per Instance
+        // (KEP-5075), in the same run.
+        for layout in [Layout::PerSlot, Layout::Consumable] {
+            if smoke {
+                race(layout, 20, 2, 2, 6, 3).await;
+            } else {
+                race(layout, 1000, 50, 2, 50, 3).await;
+            }
         }
     });
 }

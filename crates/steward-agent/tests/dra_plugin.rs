@@ -51,6 +51,26 @@ async fn allocated_claim(
     driver: &str,
     devices: &[(&str, String)],
 ) -> String {
+    let results = devices
+        .iter()
+        .map(|(pool, device)| DeviceRequestAllocationResult {
+            request: "cam".into(),
+            driver: driver.into(),
+            pool: (*pool).into(),
+            device: device.clone(),
+            ..DeviceRequestAllocationResult::default()
+        })
+        .collect();
+    allocated_with(server, name, results).await
+}
+
+/// Creates a ResourceClaim allocated as `results`, reserved for pod `web`;
+/// returns its UID.
+async fn allocated_with(
+    server: &ApiServer,
+    name: &str,
+    results: Vec<DeviceRequestAllocationResult>,
+) -> String {
     let api: Api<ResourceClaim> = Api::namespaced(server.client(), NS);
     let mut claim = ResourceClaim {
         metadata: ObjectMeta {
@@ -63,18 +83,7 @@ async fn allocated_claim(
     claim.status = Some(ResourceClaimStatus {
         allocation: Some(AllocationResult {
             devices: Some(DeviceAllocationResult {
-                results: Some(
-                    devices
-                        .iter()
-                        .map(|(pool, device)| DeviceRequestAllocationResult {
-                            request: "cam".into(),
-                            driver: driver.into(),
-                            pool: (*pool).into(),
-                            device: device.clone(),
-                            ..DeviceRequestAllocationResult::default()
-                        })
-                        .collect(),
-                ),
+                results: Some(results),
                 ..DeviceAllocationResult::default()
             }),
             ..AllocationResult::default()
@@ -1102,6 +1111,81 @@ async fn a_repeated_prepare_writes_nothing() {
     assert_eq!(claim_ops(&agent, "local"), local, "local record rewritten");
     assert_eq!(claim_ops(&agent, "cluster"), cluster);
     assert_eq!(prepares(&agent, "ok"), 4);
+    agent.stop().await.unwrap();
+}
+
+/// A consumable device (KEP-5075) in one claim under two shares, one
+/// consuming one slot and one two: three distinct slots, the same three on
+/// every repeat, each share named back to kubelet; a second claim finds
+/// none free and is refused, and unprepare frees all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shares_of_a_consumable_device_get_distinct_slots_and_keep_them() {
+    let (server, _dir, _node, agent, instance, mut plugin) = single_dra(3, None).await;
+    let device = steward_core::dra::consumable_device_name(&instance);
+    let share = |id: &str, slots: &str| DeviceRequestAllocationResult {
+        request: "cam".into(),
+        driver: "steward.dev".into(),
+        pool: "node-a".into(),
+        device: device.clone(),
+        share_id: Some(id.into()),
+        consumed_capacity: Some(
+            [(
+                steward_core::dra::SLOTS_CAPACITY.to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(slots.into()),
+            )]
+            .into(),
+        ),
+        ..DeviceRequestAllocationResult::default()
+    };
+    let uid = allocated_with(&server, "cam", vec![share("s1", "1"), share("s2", "2")]).await;
+    let first = prepare(&mut plugin, vec![claim("cam", &uid)]).await;
+    let answer = &first.claims[&uid];
+    assert_eq!(answer.error, "", "{first:?}");
+    let shares: Vec<Option<&str>> = answer
+        .devices
+        .iter()
+        .map(|d| d.share_id.as_deref())
+        .collect();
+    assert_eq!(shares, [Some("s1"), Some("s2")]);
+    let mut held: Vec<(String, String)> = slot_claims(&server)
+        .await
+        .into_iter()
+        .map(|c| {
+            let h = c.spec.resource_claim.clone().unwrap();
+            (h.share_id, c.spec.slot_id())
+        })
+        .collect();
+    held.sort();
+    let slots: std::collections::BTreeSet<&str> = held.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(slots.len(), 3, "{held:?}");
+    assert_eq!(
+        held.iter().filter(|(s, _)| s == "s2").count(),
+        2,
+        "{held:?}"
+    );
+    for _ in 0..2 {
+        let again = prepare(&mut plugin, vec![claim("cam", &uid)]).await;
+        assert_eq!(again.claims[&uid], first.claims[&uid]);
+    }
+    assert_eq!(slot_claims(&server).await.len(), 3);
+    let other = allocated_with(&server, "other", vec![share("s3", "1")]).await;
+    let refused = prepare(&mut plugin, vec![claim("other", &other)]).await;
+    assert!(
+        refused.claims[&other].error.contains("0 free on this node"),
+        "{refused:?}"
+    );
+    assert_eq!(prepares(&agent, "device_full"), 1);
+    plugin
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claim("cam", &uid)],
+        })
+        .await
+        .unwrap();
+    for (_, slot) in &held {
+        wait_released(&server, slot).await;
+    }
+    let now = prepare(&mut plugin, vec![claim("other", &other)]).await;
+    assert_eq!(now.claims[&other].error, "", "{now:?}");
     agent.stop().await.unwrap();
 }
 

@@ -98,6 +98,11 @@ fn consumed_slots(d: &AllocatedDevice, capacity: u32) -> Option<u32> {
         .filter(|n| (1..=capacity).contains(n))
 }
 
+/// The Instance of slot `<instance>-<n>`.
+fn instance_of(slot: &str) -> &str {
+    slot.rsplit_once('-').map(|(i, _)| i).unwrap_or_default()
+}
+
 /// An allocated device prepared on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedDevice {
@@ -172,39 +177,40 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             // The device as published now (a slot, or a whole Instance with
             // consumable capacity), or as this claim already holds it
             // (prepared before its Instance moved pool).
-            let (instance, slots) = if let Some(slot) =
-                slot_for_device(&self.node, &d.pool, &d.device, instances())
-                    .or_else(|| st.ledger.held_as(&claim.uid, &d.pool, &d.device))
-            {
-                let instance = slot.rsplit_once('-').map(|(i, _)| i).unwrap_or_default();
-                (instance.to_owned(), vec![slot])
-            } else if let Some((instance, capacity)) =
-                instance_for_device(&self.node, &d.pool, &d.device, instances())
-            {
-                let want =
-                    consumed_slots(d, capacity).ok_or_else(|| PrepareError::BadCapacity {
-                        device: d.device.clone(),
-                        consumed: d.slots.clone().unwrap_or_default(),
-                        capacity,
-                    })?;
-                let taken = holds.iter().map(|(s, _)| s.clone()).collect();
-                let slots = st
-                    .ledger
-                    .consumable_pick(instance, capacity, &hold, want, &taken)
-                    .map_err(|free| PrepareError::Full {
-                        device: d.device.clone(),
-                        want,
-                        free,
-                    })?;
-                (instance.to_owned(), slots)
-            } else {
-                return Err(PrepareError::NotHere {
-                    claim: claim.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                    node: self.node.clone(),
-                });
-            };
+            let (instance, slots) =
+                if let Some(slot) = slot_for_device(&self.node, &d.pool, &d.device, instances()) {
+                    (instance_of(&slot).to_owned(), vec![slot])
+                } else if let Some((instance, capacity)) =
+                    instance_for_device(&self.node, &d.pool, &d.device, instances())
+                {
+                    let want =
+                        consumed_slots(d, capacity).ok_or_else(|| PrepareError::BadCapacity {
+                            device: d.device.clone(),
+                            consumed: d.slots.clone().unwrap_or_default(),
+                            capacity,
+                        })?;
+                    let taken = holds.iter().map(|(s, _)| s.clone()).collect();
+                    let slots = st
+                        .ledger
+                        .consumable_pick(instance, capacity, &hold, want, &taken)
+                        .map_err(|free| PrepareError::Full {
+                            device: d.device.clone(),
+                            want,
+                            free,
+                        })?;
+                    (instance.to_owned(), slots)
+                } else {
+                    let held = st.ledger.held_as(&hold);
+                    let Some(first) = held.first() else {
+                        return Err(PrepareError::NotHere {
+                            claim: claim.clone(),
+                            pool: d.pool.clone(),
+                            device: d.device.clone(),
+                            node: self.node.clone(),
+                        });
+                    };
+                    (instance_of(first).to_owned(), held)
+                };
             let cdi = st
                 .instances
                 .get(&instance)

@@ -118,11 +118,28 @@ fn a_claim_finds_the_slot_it_holds_under_the_device_it_was_allocated() {
     list[0].1.pool = "node-a".into();
     list[0].1.device = "cam-1".into();
     let plan = l.prepare(&list, Millis(10)).unwrap();
-    assert_eq!(l.held_as("c1", "node-a", "cam-1"), None, "not durable yet");
+    let held_as = |l: &SlotLedger, uid: &str, pool: &str, device: &str, share: &str| {
+        let mut h = hold(uid);
+        h.pool = pool.into();
+        h.device = device.into();
+        h.share_id = share.into();
+        l.held_as(&h)
+    };
+    let none: Vec<String> = Vec::new();
+    assert_eq!(
+        held_as(&l, "c1", "node-a", "cam-1", ""),
+        none,
+        "not durable yet"
+    );
     l.commit(plan.id, Millis(10)).unwrap();
-    assert_eq!(l.held_as("c1", "node-a", "cam-1").as_deref(), Some("cam-1"));
-    assert_eq!(l.held_as("c1", "shared/cam", "cam-1"), None);
-    assert_eq!(l.held_as("c2", "node-a", "cam-1"), None);
+    assert_eq!(held_as(&l, "c1", "node-a", "cam-1", ""), ["cam-1"]);
+    assert_eq!(held_as(&l, "c1", "shared/cam", "cam-1", ""), none);
+    assert_eq!(held_as(&l, "c2", "node-a", "cam-1", ""), none);
+    assert_eq!(
+        held_as(&l, "c1", "node-a", "cam-1", "s1"),
+        none,
+        "another share"
+    );
 }
 
 #[test]

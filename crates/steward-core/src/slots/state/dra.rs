@@ -164,16 +164,24 @@ impl SlotLedger {
             })
     }
 
-    /// The slot the claim with `uid` holds (prepared and durable) as the
-    /// DRA device `device` of `pool`, whatever pool that device is
-    /// published in now: a claim prepared before its Instance moved pool
-    /// keeps its slot.
-    pub fn held_as(&self, uid: &str, pool: &str, device: &str) -> Option<String> {
-        self.claims.iter().find_map(|(slot, c)| {
-            let h = c.dra.as_deref()?;
-            (c.plan.is_none() && h.uid() == uid && h.pool == pool && h.device == device)
-                .then(|| slot.clone())
-        })
+    /// The slots `hold`'s claim holds (prepared and durable) as its DRA
+    /// device of its pool, under its share (one slot for a per-slot device,
+    /// the consumed ones of a consumable device), whatever pool that device
+    /// is published in now: a claim prepared before its Instance moved
+    /// pool keeps its slots.
+    pub fn held_as(&self, hold: &ClaimHold) -> Vec<String> {
+        self.claims
+            .iter()
+            .filter_map(|(slot, c)| {
+                let h = c.dra.as_deref()?;
+                (c.plan.is_none()
+                    && h.uid() == hold.uid()
+                    && h.pool == hold.pool
+                    && h.device == hold.device
+                    && h.share_id == hold.share_id)
+                    .then(|| slot.clone())
+            })
+            .collect()
     }
 
     /// The slots `hold` gets of the consumable device of `instance` (slots
