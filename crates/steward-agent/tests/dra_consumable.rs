@@ -16,8 +16,10 @@ use std::collections::BTreeSet;
 use dp::*;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice};
 use kube::Api;
+use steward_api::Instance;
 use steward_core::dra::{Layout, SLOTS_CAPACITY};
 use steward_testing_apiserver::ApiServer;
+use steward_testing_apiserver::dra::DraFeatures;
 use steward_testing_apiserver::dra_alloc::{AllocError, allocate_claim, unreserve_claim};
 use steward_testing_kubelet::{ContainerSpec, PodSpec};
 
@@ -72,19 +74,33 @@ async fn claim_pod(
         "node-a",
     )
     .await?;
-    let result = allocated
-        .status
-        .unwrap()
-        .allocation
-        .unwrap()
-        .devices
-        .unwrap()
-        .results
-        .unwrap()
-        .remove(0);
+    let result = allocation_results(allocated).remove(0);
     let pod = node.kubelet.add_pod(spec.uid(&uid)).await.unwrap();
     assert_eq!(pod.cdi_devices["main"].len(), 1, "{pod:?}");
     Ok((uid, result))
+}
+
+/// An API server with `features`, node-a (its Node mirrored) and its agent
+/// publishing consumable devices, and the Instance of a three-slot
+/// Configuration `cams` it sees.
+async fn consumable_node(
+    features: DraFeatures,
+) -> (ApiServer, tempfile::TempDir, Node, Agent, Instance) {
+    let server = api_server().await;
+    server.serve_dra_with(features);
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    node.kubelet.mirror_node().await.unwrap();
+    let mut cfg = dra_agent_config(&node, dir.path(), server.client(), echo(false));
+    cfg.dra_layout = Layout::Consumable;
+    let agent = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 3),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    (server, dir, node, agent, inst)
 }
 
 /// The slots held for ResourceClaims, by claim name.
@@ -103,31 +119,11 @@ async fn dra_slots(server: &ApiServer) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_device_of_three_slots_is_shared_by_claims_up_to_its_free_slots() {
-    let server = api_server().await;
-    server.serve_dra();
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
-    node.kubelet.mirror_node().await.unwrap();
-    let mut cfg = dra_agent_config(&node, dir.path(), server.client(), echo(false));
-    cfg.dra_layout = Layout::Consumable;
-    let agent = Agent::start(cfg);
-    create_configuration(
-        &server,
-        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 3),
-    )
-    .await;
-    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let (server, _dir, node, agent, inst) = consumable_node(DraFeatures::default()).await;
     let instance = inst.metadata.name.clone().unwrap();
     let res = resource(&inst);
     let device = steward_core::dra::consumable_device_name(&instance);
-    node.kubelet
-        .wait_for_resource(&res, |s| s.healthy.len() == 3, WAIT)
-        .await
-        .unwrap();
-    node.kubelet
-        .wait_for_dra_driver("steward.dev", WAIT)
-        .await
-        .unwrap();
+    wait_dp_and_dra(&node, &res, 3).await;
     wait_capacity(&server, &device, "3").await;
     create_device_class(&server, "cams").await;
 
@@ -228,20 +224,7 @@ async fn one_device_of_three_slots_is_shared_by_claims_up_to_its_free_slots() {
 /// says so once and publishes one device per slot, and stops rewriting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_feature_the_slices_go_back_to_one_device_per_slot() {
-    use steward_testing_apiserver::dra::DraFeatures;
-    let server = api_server().await;
-    server.serve_dra_with(DraFeatures::kubernetes_1_35());
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
-    let mut cfg = dra_agent_config(&node, dir.path(), server.client(), echo(false));
-    cfg.dra_layout = Layout::Consumable;
-    let agent = Agent::start(cfg);
-    create_configuration(
-        &server,
-        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 3),
-    )
-    .await;
-    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let (server, _dir, _node, agent, inst) = consumable_node(DraFeatures::kubernetes_1_35()).await;
     let instance = inst.metadata.name.clone().unwrap();
     eventually("one device per slot", WAIT, || async {
         let mut names: Vec<String> = devices(&server)

@@ -26,14 +26,7 @@ async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
     let inst = instance_of(&server, "cams", &["node-a"]).await;
     let instance = inst.metadata.name.clone().unwrap();
     let res = resource(&inst);
-    node.kubelet
-        .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
-        .await
-        .unwrap();
-    node.kubelet
-        .wait_for_dra_driver("steward.dev", WAIT)
-        .await
-        .unwrap();
+    wait_dp_and_dra(&node, &res, 2).await;
     wait_for_devices(&server, 2).await;
     create_device_class(&server, "cams").await;
     create_claim(&server.client(), "cam", "cams.default.steward.dev").await;
@@ -44,17 +37,7 @@ async fn a_claim_prepared_before_a_kubelet_restart_is_unprepared_after_it() {
     let allocated = allocate_claim(&server.client(), NS, "cam", "web", &uid, "node-a")
         .await
         .unwrap();
-    let device = allocated
-        .status
-        .unwrap()
-        .allocation
-        .unwrap()
-        .devices
-        .unwrap()
-        .results
-        .unwrap()[0]
-        .device
-        .clone();
+    let device = allocation_results(allocated)[0].device.clone();
     node.kubelet.add_pod(spec.uid(&uid)).await.unwrap();
     let held = claim_of(&server, &device).await.expect("prepared");
     assert!(held.spec.resource_claim.is_some());

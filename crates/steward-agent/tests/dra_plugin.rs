@@ -1122,20 +1122,18 @@ async fn a_repeated_prepare_writes_nothing() {
 async fn the_shares_of_a_consumable_device_get_distinct_slots_and_keep_them() {
     let (server, _dir, _node, agent, instance, mut plugin) = single_dra(3, None).await;
     let device = steward_core::dra::consumable_device_name(&instance);
-    let share = |id: &str, slots: &str| DeviceRequestAllocationResult {
-        request: "cam".into(),
-        driver: "steward.dev".into(),
-        pool: "node-a".into(),
-        device: device.clone(),
-        share_id: Some(id.into()),
-        consumed_capacity: Some(
-            [(
-                steward_core::dra::SLOTS_CAPACITY.to_owned(),
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity(slots.into()),
-            )]
-            .into(),
-        ),
-        ..DeviceRequestAllocationResult::default()
+    // Written as kube-scheduler's JSON names them (resource.k8s.io/v1
+    // DeviceRequestAllocationResult: `shareID`, `consumedCapacity`).
+    let share = |id: &str, slots: &str| -> DeviceRequestAllocationResult {
+        serde_json::from_value(serde_json::json!({
+            "request": "cam",
+            "driver": "steward.dev",
+            "pool": "node-a",
+            "device": device,
+            "shareID": id,
+            "consumedCapacity": {"slots": slots},
+        }))
+        .unwrap()
     };
     let uid = allocated_with(&server, "cam", vec![share("s1", "1"), share("s2", "2")]).await;
     let first = prepare(&mut plugin, vec![claim("cam", &uid)]).await;

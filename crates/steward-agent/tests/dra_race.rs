@@ -133,17 +133,7 @@ async fn device_plugin_and_dra_consumers_never_share_a_slot() {
                         .unwrap();
                     continue;
                 };
-                let device = allocated
-                    .status
-                    .unwrap()
-                    .allocation
-                    .unwrap()
-                    .devices
-                    .unwrap()
-                    .results
-                    .unwrap()[0]
-                    .device
-                    .clone();
+                let device = allocation_results(allocated)[0].device.clone();
                 match node.kubelet.add_pod(spec.uid(&uid)).await {
                     Ok(_) => {
                         let from = Instant::now();

@@ -415,6 +415,32 @@ pub async fn create_claim(client: &kube::Client, name: &str, class: &str) {
         .unwrap();
 }
 
+/// The allocation results of a claim as the allocator wrote it (panics
+/// when it has none).
+pub fn allocation_results(
+    claim: k8s_openapi::api::resource::v1::ResourceClaim,
+) -> Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+    claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .expect("the claim is allocated")
+}
+
+/// Waits until kubelet has `slots` healthy devices of `resource` from the
+/// device plugin and the DRA driver registered.
+pub async fn wait_dp_and_dra(node: &Node, resource: &str, slots: usize) {
+    node.kubelet
+        .wait_for_resource(resource, |s| s.healthy.len() == slots, WAIT)
+        .await
+        .unwrap();
+    node.kubelet
+        .wait_for_dra_driver("steward.dev", WAIT)
+        .await
+        .unwrap();
+}
+
 /// Waits until the ResourceSlices publish `devices` devices.
 pub async fn wait_for_devices(server: &ApiServer, devices: usize) {
     let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(server.client());

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeSet;
 
+use super::labels::{hashed_label, is_dns_label};
 use super::pools::pool_of;
 use crate::discovery::instances::fnv1a64;
 
@@ -41,7 +42,6 @@ impl Layout {
     }
 }
 
-const MAX_LABEL: usize = 63;
 const SUFFIX: &str = "-slots";
 
 /// The DRA device name of `instance` as one consumable device:
@@ -50,36 +50,11 @@ const SUFFIX: &str = "-slots";
 /// a per-slot device name ([`super::device_name`]).
 pub fn consumable_device_name(instance: &str) -> String {
     let plain = format!("{instance}{SUFFIX}");
-    let label = plain.len() <= MAX_LABEL
-        && plain
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        && plain
-            .as_bytes()
-            .first()
-            .is_some_and(u8::is_ascii_alphanumeric);
-    if label {
+    if is_dns_label(&plain) {
         return plain;
     }
     let hash = fnv1a64(&[instance.as_bytes()]);
-    let tail = format!("-{hash:016x}{SUFFIX}");
-    let head: String = instance
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .take(MAX_LABEL - tail.len())
-        .collect();
-    let head = head.trim_matches('-');
-    if head.is_empty() {
-        format!("d{tail}")
-    } else {
-        format!("{head}{tail}")
-    }
+    hashed_label(instance, &format!("-{hash:016x}{SUFFIX}"))
 }
 
 /// The slots a consumable device publishes: its capacity less the slots

@@ -30,6 +30,7 @@
 
 mod attributes;
 mod consumable;
+mod labels;
 mod pools;
 #[cfg(test)]
 mod proptests;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::DRIVER;
 use super::attributes::{Attribute, attributes_of};
 use super::consumable::{Layout, consumable_device_name, consumable_slots};
+use super::labels::{hashed_label, is_dns_label};
 use super::pools::{is_shared, pool_of};
 use super::topology::topology_attributes;
 use crate::discovery::instances::fnv1a64;
@@ -21,8 +22,6 @@ pub const MAX_DEVICES_PER_SLICE: usize = 64;
 /// through a device plugin: the scheduler does not allocate it to a claim
 /// until the slot is free (DRADeviceTaints, on by default from 1.36).
 pub const HELD_TAINT_KEY: &str = "steward.dev/held";
-/// Longest DNS label (a device name).
-const MAX_LABEL: usize = 63;
 
 /// An Instance as DRA needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,16 +90,6 @@ pub fn writer(instance: &DraInstance) -> Option<&str> {
     instance.nodes.iter().next().map(String::as_str)
 }
 
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= MAX_LABEL
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-}
-
 /// The DRA device name of slot `n` of `instance`: the slot id when it is a
 /// DNS label, else a prefix of it with a hash of the Instance name (dots
 /// become dashes), still ending in `-<n>`.
@@ -110,18 +99,7 @@ pub fn device_name(instance: &str, n: u32) -> String {
         return id;
     }
     let hash = fnv1a64(&[instance.as_bytes()]);
-    let tail = format!("-{hash:016x}-{n}");
-    let head: String = instance
-        .chars()
-        .map(|c| if c == '.' { '-' } else { c })
-        .take(MAX_LABEL - tail.len())
-        .collect();
-    let head = head.trim_end_matches('-');
-    if head.is_empty() {
-        format!("d{tail}")
-    } else {
-        format!("{head}{tail}")
-    }
+    hashed_label(instance, &format!("-{hash:016x}-{n}"))
 }
 
 /// The object name of slice `index` of `pool`: the same whichever node
