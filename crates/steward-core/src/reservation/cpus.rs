@@ -61,7 +61,11 @@ impl ReservationLedger {
     fn cpus_held(&self, node: &str, uid: &str) -> BTreeMap<u32, u32> {
         let holders = self.node_cpus.get(node).map(|c| &c.holders);
         let mut held: BTreeMap<u32, u32> = BTreeMap::new();
-        for r in self.reservations.values() {
+        let on_node = self
+            .index
+            .on_node(node)
+            .filter_map(|u| self.reservations.get(u));
+        for r in on_node {
             if r.pod.uid == uid
                 || !r.holds()
                 || r.node.as_deref() != Some(node)
@@ -114,8 +118,9 @@ impl ReservationLedger {
         };
         let holders = self.node_cpus.get(node).map(|c| c.holders.clone());
         let mut on_node: Vec<(Option<crate::Millis>, String, u32, Option<u32>)> = self
-            .reservations
-            .values()
+            .index
+            .on_node(node)
+            .filter_map(|u| self.reservations.get(u))
             .filter(|r| r.holds() && r.cpus > 0 && r.node.as_deref() == Some(node))
             .filter(|r| holders.as_ref().is_none_or(|h| !h.contains(&r.pod.uid)))
             .map(|r| (r.decided_at, r.pod.uid.clone(), r.cpus, r.numa))
@@ -123,9 +128,7 @@ impl ReservationLedger {
         on_node.sort();
         // Seat them again in the order they were decided.
         for (_, uid, _, _) in &on_node {
-            if let Some(r) = self.reservations.get_mut(uid) {
-                r.numa = None;
-            }
+            self.edit(uid, |r| r.numa = None);
         }
         let mut changes = Vec::new();
         for (_, uid, want, old) in on_node {
@@ -135,9 +138,7 @@ impl ReservationLedger {
             };
             match seat {
                 Some(k) => {
-                    if let Some(r) = self.reservations.get_mut(&uid) {
-                        r.numa = Some(k);
-                    }
+                    self.edit(&uid, |r| r.numa = Some(k));
                 }
                 None => changes.extend(self.cancel(
                     &uid,

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cpus::NodeCpus;
+use super::index::SlotIndex;
 use super::model::{
     Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,
     slot_id,
@@ -16,8 +17,11 @@ pub struct ReservationLedger {
     instances: BTreeMap<String, InstanceCapacity>,
     /// slot → uid of the pod whose claim holds it.
     claims: BTreeMap<String, String>,
-    /// pod uid → its reservation.
+    /// pod uid → its reservation. Changed only through [`Self::put`],
+    /// [`Self::take`] and [`Self::edit`], which keep `index` true.
     pub(super) reservations: BTreeMap<String, Reservation>,
+    /// Who holds what, derived from `reservations` and `claims`.
+    pub(super) index: SlotIndex,
     /// node → the exclusive CPUs its resource manager published.
     pub(super) node_cpus: BTreeMap<String, NodeCpus>,
     /// How long a `Reserved` reservation may wait to be consumed.
@@ -36,6 +40,40 @@ impl ReservationLedger {
         self.reservations.get(uid)
     }
 
+    /// Adds or replaces `r` (keyed by its pod's uid).
+    fn put(&mut self, r: Reservation) {
+        self.take(&r.pod.uid);
+        self.index.hold(&r);
+        self.reservations.insert(r.pod.uid.clone(), r);
+    }
+
+    /// Removes pod `uid`'s reservation.
+    fn take(&mut self, uid: &str) -> Option<Reservation> {
+        let r = self.reservations.remove(uid)?;
+        self.index.release(&r);
+        Some(r)
+    }
+
+    /// Changes pod `uid`'s reservation in place with `f`, keeping the
+    /// index true; `None` when it has none.
+    pub(super) fn edit<T>(
+        &mut self,
+        uid: &str,
+        f: impl FnOnce(&mut Reservation) -> T,
+    ) -> Option<T> {
+        let r = self.reservations.get_mut(uid)?;
+        self.index.release(r);
+        let out = f(r);
+        self.index.hold(r);
+        Some(out)
+    }
+
+    /// Whether the kept index equals one rebuilt from scratch.
+    #[cfg(test)]
+    pub(super) fn index_is_true(&self) -> bool {
+        self.index == SlotIndex::of(self.reservations.values(), &self.claims)
+    }
+
     pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
         self.reservations.values()
     }
@@ -46,12 +84,20 @@ impl ReservationLedger {
 
     /// Who holds `slot`: the pod of its claim, else the pod it is reserved for.
     pub fn holder(&self, slot: &str) -> Option<&str> {
-        self.claims.get(slot).map(String::as_str).or_else(|| {
-            self.reservations
-                .values()
-                .find(|r| r.holds() && r.slots.contains(slot))
-                .map(|r| r.pod.uid.as_str())
-        })
+        self.claims
+            .get(slot)
+            .map(String::as_str)
+            .or_else(|| self.index.holders(slot).next())
+    }
+
+    /// The pods with `slot` reserved (held by a `Reserved` reservation).
+    pub fn reserved_for(&self, slot: &str) -> Vec<String> {
+        self.index.holders(slot).map(str::to_owned).collect()
+    }
+
+    /// The pods with a `Reserved` reservation on `node`.
+    pub fn reserved_on(&self, node: &str) -> Vec<String> {
+        self.index.on_node(node).map(str::to_owned).collect()
     }
 
     /// Slot numbers of `instance` free for pod `uid` (unclaimed or claimed
@@ -60,31 +106,16 @@ impl ReservationLedger {
         let Some(cap) = self.instances.get(instance) else {
             return Vec::new();
         };
-        // Other pods' reserved slots, gathered once: O(reservations +
-        // capacity), not their product (a rebuild restores every
-        // reservation, and each restore asks about its slots).
-        let reserved: BTreeSet<&str> = self
-            .reservations
-            .values()
-            .filter(|r| r.pod.uid != uid && r.holds())
-            .flat_map(|r| r.slots.iter().map(String::as_str))
-            .collect();
+        // O(capacity), whatever the number of reservations.
         (0..cap.capacity)
-            .filter(|n| {
-                let id = slot_id(instance, *n);
-                self.claims.get(&id).is_none_or(|h| h == uid) && !reserved.contains(id.as_str())
-            })
+            .filter(|n| self.slot_free_for(&slot_id(instance, *n), uid))
             .collect()
     }
 
     /// Whether `slot` is unclaimed or claimed by `uid`, and reserved for no
     /// other pod (one slot of [`Self::free_slots`], without listing them all).
     fn slot_free_for(&self, slot: &str, uid: &str) -> bool {
-        self.claims.get(slot).is_none_or(|h| h == uid)
-            && !self
-                .reservations
-                .values()
-                .any(|r| r.pod.uid != uid && r.holds() && r.slots.contains(slot))
+        self.claims.get(slot).is_none_or(|h| h == uid) && !self.index.held_by_other(slot, uid)
     }
 
     /// Whether `node` can hold `request` for pod `uid`: the slots it would
@@ -153,10 +184,22 @@ impl ReservationLedger {
             .collect();
         done.into_iter()
             .map(|uid| {
-                self.reservations.remove(&uid);
+                self.take(&uid);
                 Change::Consumed { uid }
             })
             .collect()
+    }
+
+    /// [`Self::settle`] for pod `uid` alone: O(its claims), not
+    /// O(reservations).
+    pub fn settle_pod(&mut self, uid: &str) -> Vec<Change> {
+        if self.reservations.get(uid).is_some_and(|r| self.consumed(r)) {
+            self.take(uid);
+            return vec![Change::Consumed {
+                uid: uid.to_owned(),
+            }];
+        }
+        Vec::new()
     }
 
     /// An Instance appeared or changed. Reservations it no longer backs
@@ -180,20 +223,21 @@ impl ReservationLedger {
         if self.claims.get(slot).is_some_and(|h| h == uid) {
             return Vec::new();
         }
-        self.claims.insert(slot.to_owned(), uid.to_owned());
+        let before = self.claims.insert(slot.to_owned(), uid.to_owned());
+        self.index.claim(slot, uid, before.as_deref());
         let mut changes = Vec::new();
         let taken_from: Vec<String> = self
-            .reservations
-            .values()
-            .filter(|r| r.pod.uid != uid && r.holds() && r.slots.contains(slot))
-            .map(|r| r.pod.uid.clone())
+            .index
+            .holders(slot)
+            .filter(|h| *h != uid)
+            .map(str::to_owned)
             .collect();
         for other in taken_from {
             changes.extend(self.reseat(&other, &format!("slot {slot} was taken by pod {uid}")));
         }
         let consumed = self.reservations.get(uid).is_some_and(|r| self.consumed(r));
         if consumed {
-            self.reservations.remove(uid);
+            self.take(uid);
             changes.push(Change::Consumed {
                 uid: uid.to_owned(),
             });
@@ -203,20 +247,20 @@ impl ReservationLedger {
 
     /// How many slots of `instance` pod `uid`'s claims hold.
     fn claimed_by(&self, instance: &str, uid: &str) -> usize {
-        self.claims
-            .iter()
-            .filter(|(slot, holder)| {
-                *holder == uid
-                    && slot
-                        .rsplit_once('-')
-                        .is_some_and(|(i, n)| i == instance && n.parse::<u32>().is_ok())
+        self.index
+            .claimed_by(uid)
+            .filter(|slot| {
+                slot.rsplit_once('-')
+                    .is_some_and(|(i, n)| i == instance && n.parse::<u32>().is_ok())
             })
             .count()
     }
 
     /// The claim on `slot` is gone (its pod ended).
     pub fn claim_released(&mut self, slot: &str) {
-        self.claims.remove(slot);
+        if let Some(uid) = self.claims.remove(slot) {
+            self.index.unclaim(slot, &uid);
+        }
     }
 
     /// The scheduler asks for pod `pod`. Asking again with the same request
@@ -250,35 +294,32 @@ impl ReservationLedger {
         if candidates.is_empty() {
             return Err(ReservationError::NoCandidates { uid });
         }
-        if let Some(r) = self.reservations.get_mut(&uid) {
+        if let Some(r) = self.reservations.get(&uid) {
             match r.phase {
                 Phase::Requested | Phase::Reserved if r.request != request || r.cpus != cpus => {
                     return Err(ReservationError::Conflicting { uid });
                 }
                 Phase::Requested => {
-                    r.candidates = candidates;
+                    self.edit(&uid, |r| r.candidates = candidates);
                     return Ok(Vec::new());
                 }
                 Phase::Reserved => return Ok(Vec::new()),
                 Phase::Rejected | Phase::Canceled => {}
             }
         }
-        self.reservations.insert(
-            uid.clone(),
-            Reservation {
-                pod,
-                request,
-                candidates,
-                phase: Phase::Requested,
-                node: None,
-                slots: BTreeSet::new(),
-                cpus,
-                numa: None,
-                reason: None,
-                requested_at: now,
-                decided_at: None,
-            },
-        );
+        self.put(Reservation {
+            pod,
+            request,
+            candidates,
+            phase: Phase::Requested,
+            node: None,
+            slots: BTreeSet::new(),
+            cpus,
+            numa: None,
+            reason: None,
+            requested_at: now,
+            decided_at: None,
+        });
         Ok(vec![Change::Phase {
             uid,
             phase: Phase::Requested,
@@ -293,7 +334,7 @@ impl ReservationLedger {
     /// nothing held. Replaces what the ledger had for that pod.
     pub fn restore(&mut self, r: Reservation) -> Vec<Change> {
         let uid = r.pod.uid.clone();
-        self.reservations.remove(&uid);
+        self.take(&uid);
         let mut r = r;
         r.request.retain(|_, n| *n > 0);
         if r.phase == Phase::Reserved && !self.still_holds(&r) {
@@ -303,19 +344,18 @@ impl ReservationLedger {
             r.numa = None;
             r.decided_at = None;
             r.reason = None;
-            let changes = vec![Change::Phase {
-                uid: uid.clone(),
+            self.put(r);
+            return vec![Change::Phase {
+                uid,
                 phase: Phase::Requested,
             }];
-            self.reservations.insert(uid, r);
-            return changes;
         }
         if r.phase != Phase::Reserved {
             r.node = None;
             r.slots.clear();
             r.numa = None;
         }
-        self.reservations.insert(uid, r);
+        self.put(r);
         Vec::new()
     }
 
@@ -372,46 +412,52 @@ impl ReservationLedger {
                 Err(e) => why.push(format!("{node}: {e}")),
             }
         }
-        let Some(r) = self.reservations.get_mut(uid) else {
-            return Ok(Vec::new());
-        };
-        r.decided_at = Some(now);
-        match chosen {
-            Some((node, slots, numa)) => {
-                r.phase = Phase::Reserved;
-                r.node = Some(node);
-                r.slots = slots;
-                r.numa = numa;
-                r.reason = None;
+        let phase = self.edit(uid, |r| {
+            r.decided_at = Some(now);
+            match chosen {
+                Some((node, slots, numa)) => {
+                    r.phase = Phase::Reserved;
+                    r.node = Some(node);
+                    r.slots = slots;
+                    r.numa = numa;
+                    r.reason = None;
+                }
+                None => {
+                    r.phase = Phase::Rejected;
+                    r.reason = Some(format!(
+                        "no candidate node can hold the pod: {}",
+                        why.join("; ")
+                    ));
+                }
             }
-            None => {
-                r.phase = Phase::Rejected;
-                r.reason = Some(format!(
-                    "no candidate node can hold the pod: {}",
-                    why.join("; ")
-                ));
-            }
-        }
-        Ok(vec![Change::Phase {
-            uid: uid.to_owned(),
-            phase: r.phase,
-        }])
+            r.phase
+        });
+        Ok(phase
+            .map(|phase| {
+                vec![Change::Phase {
+                    uid: uid.to_owned(),
+                    phase,
+                }]
+            })
+            .unwrap_or_default())
     }
 
     /// Releases what `uid` has reserved (Unreserve, a failed binding, the
     /// pod gone). Idempotent; a pod with no reservation changes nothing.
     pub fn cancel(&mut self, uid: &str, reason: &str) -> Vec<Change> {
-        let Some(r) = self.reservations.get_mut(uid) else {
+        let Some(r) = self.reservations.get(uid) else {
             return Vec::new();
         };
         if matches!(r.phase, Phase::Canceled | Phase::Rejected) {
             return Vec::new();
         }
-        r.phase = Phase::Canceled;
-        r.node = None;
-        r.slots.clear();
-        r.numa = None;
-        r.reason = Some(reason.to_owned());
+        self.edit(uid, |r| {
+            r.phase = Phase::Canceled;
+            r.node = None;
+            r.slots.clear();
+            r.numa = None;
+            r.reason = Some(reason.to_owned());
+        });
         vec![Change::Phase {
             uid: uid.to_owned(),
             phase: Phase::Canceled,
@@ -438,7 +484,7 @@ impl ReservationLedger {
     /// The pod is gone: its reservation is dropped (released first).
     pub fn forget(&mut self, uid: &str) -> Vec<Change> {
         let mut changes = self.cancel(uid, "the pod is gone");
-        self.reservations.remove(uid);
+        self.take(uid);
         changes.retain(|c| !matches!(c, Change::Phase { .. }));
         changes
     }
@@ -490,9 +536,7 @@ impl ReservationLedger {
         // Drop the held slots first so the fit sees them as this pod's.
         let request = r.request.clone();
         let old = r.slots.clone();
-        if let Some(r) = self.reservations.get_mut(uid) {
-            r.slots.clear();
-        }
+        self.edit(uid, |r| r.slots.clear());
         let valid: BTreeSet<String> = old
             .iter()
             .filter(|s| self.slot_usable(s, &node, uid))
@@ -500,9 +544,7 @@ impl ReservationLedger {
             .collect();
         match self.refit(&request, &node, uid, &valid) {
             Some(slots) => {
-                if let Some(r) = self.reservations.get_mut(uid) {
-                    r.slots = slots;
-                }
+                self.edit(uid, |r| r.slots = slots);
                 Vec::new()
             }
             None => self.cancel(uid, &format!("{why}; {node} can no longer hold the pod")),

@@ -22,6 +22,7 @@
 //! runs out. `Rejected` and `Canceled` hold nothing; nothing is ever stuck.
 
 mod cpus;
+mod index;
 mod ledger;
 mod model;
 #[cfg(test)]

@@ -83,6 +83,10 @@ fn check(
     claims: &BTreeMap<String, String>,
     cpus: &BTreeMap<usize, NodeCpus>,
 ) -> Result<(), TestCaseError> {
+    prop_assert!(
+        l.index_is_true(),
+        "the kept index differs from one rebuilt from scratch"
+    );
     let mut held: BTreeMap<String, String> = claims.clone();
     let mut numa_held: BTreeMap<(String, u32), u32> = BTreeMap::new();
     for r in l.reservations() {
