@@ -34,6 +34,7 @@ mod validation;
 mod watch;
 mod workloads;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,7 +48,10 @@ pub const CEL_NOT_EVALUATED: &str = "steward_testing_apiserver::store::cel";
 
 pub use error::{ApiError, Error, FieldError, FieldErrorKind, NOT_IMPLEMENTED};
 pub use selector::{FieldSelector, LabelSelector};
-pub use stats::{Access, Stats};
+pub use stats::{
+    Access, ClientCounters, ClientKey, ClientResource, EventCounters, ListCounters, Stats,
+    WatchKey, client_component,
+};
 pub use types::{KindHooks, PrinterColumn, ResourceType};
 
 use server::Shared;
@@ -117,12 +121,13 @@ impl ApiServer {
             gc: Notify::new(),
             bookmark_interval: options.bookmark_interval,
             addr,
+            meter: Arc::default(),
         });
         let uri: http::Uri = url.parse().map_err(|e: http::uri::InvalidUri| Error::Url {
             url: url.clone(),
             message: e.to_string(),
         })?;
-        let client = plain_http_client(uri, None).map_err(|e| Error::Client {
+        let client = plain_http_client(uri, None, None).map_err(|e| Error::Client {
             url: url.clone(),
             source: Box::new(e),
         })?;
@@ -175,7 +180,26 @@ impl ApiServer {
                     url: self.inner.url.clone(),
                     message: e.to_string(),
                 })?;
-        plain_http_client(uri, Some(user)).map_err(|e| Error::Client {
+        plain_http_client(uri, Some(user), None).map_err(|e| Error::Client {
+            url: self.inner.url.clone(),
+            source: Box::new(e),
+        })
+    }
+
+    /// A client whose requests carry `User-Agent: <user_agent>`: the
+    /// stand-in attributes them to the component before the first `/`
+    /// ([`client_component`], [`Stats::by_client`]). [`ApiServer::client`]
+    /// sends no `User-Agent` (component `""`).
+    pub fn client_with_user_agent(&self, user_agent: &str) -> Result<kube::Client, Error> {
+        let uri: http::Uri =
+            self.inner
+                .url
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| Error::Url {
+                    url: self.inner.url.clone(),
+                    message: e.to_string(),
+                })?;
+        plain_http_client(uri, None, Some(user_agent)).map_err(|e| Error::Client {
             url: self.inner.url.clone(),
             source: Box::new(e),
         })
@@ -267,14 +291,34 @@ impl ApiServer {
         self.with_store(|s| s.rv()).unwrap_or(0)
     }
 
-    /// Request and write counters.
+    /// Request and write counters, with the per-client ones and the
+    /// open-watch gauge ([`Stats::open_watches`]).
     pub fn stats(&self) -> Stats {
-        self.with_store(|s| s.stats.clone()).unwrap_or_default()
+        let mut stats = self.with_store(|s| s.stats.clone()).unwrap_or_default();
+        self.inner.shared.meter.fill(&mut stats);
+        stats
     }
 
-    /// Zeroes the counters.
+    /// Zeroes the counters; the open-watch gauge, live state, stays.
     pub fn reset_stats(&self) {
         self.with_store(|s| s.stats = Stats::default());
+        self.inner.shared.meter.reset();
+    }
+
+    /// Watch streams open now, per client component and resource (the
+    /// gauge of [`Stats::open_watches`], without copying the counters).
+    pub fn open_watches(&self) -> BTreeMap<ClientResource, u64> {
+        self.inner.shared.meter.open_watches()
+    }
+
+    /// Stored objects per resource (group-qualified plural, as in
+    /// [`Stats::writes`]): `(objects, bytes)`, bytes being the length of
+    /// each object's JSON serialization as stored (storage version, with
+    /// its metadata). Resources without objects are left out. Scans the
+    /// whole store under its lock: for reports, not hot loops.
+    pub fn stored(&self) -> BTreeMap<String, (u64, u64)> {
+        self.with_store(|s| stats::stored_sizes(s.objects_by_resource()))
+            .unwrap_or_default()
     }
 
     /// Stops serving: closes watches, stops the listener and the garbage collector.
@@ -302,11 +346,21 @@ impl ApiServer {
 /// A kube client over plain HTTP: base URI + extra headers layers on a hyper client,
 /// without kube's TLS connector (whose rustls needs a process-level crypto provider).
 /// With `user`, every request carries `Impersonate-User: <user>` (kube's
-/// impersonation), which the stand-in records accesses under.
-fn plain_http_client(uri: http::Uri, user: Option<&str>) -> Result<kube::Client, kube::Error> {
+/// impersonation), which the stand-in records accesses under; with
+/// `user_agent`, a `User-Agent` header.
+fn plain_http_client(
+    uri: http::Uri,
+    user: Option<&str>,
+    user_agent: Option<&str>,
+) -> Result<kube::Client, kube::Error> {
     use kube::client::ConfigExt;
     let mut config = kube::Config::new(uri);
     config.auth_info.impersonate = user.map(str::to_owned);
+    if let Some(ua) = user_agent {
+        let value = http::HeaderValue::from_str(ua)
+            .map_err(|e| kube::Error::HttpError(http::Error::from(e)))?;
+        config.headers.push((http::header::USER_AGENT, value));
+    }
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_connect_timeout(config.connect_timeout);
     let http: hyper_util::client::legacy::Client<_, kube::client::Body> =

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::error::{ApiError, qualified};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
+use crate::stats::{Meter, RequestRecord, WatchMeter, user_agent};
 use crate::store::{
     DeleteOpts, FieldValidation, PatchType, Store, Sub, WriteOpts, WriteResult, meta_str,
 };
@@ -28,6 +29,8 @@ pub(crate) struct Shared {
     pub gc: Notify,
     pub bookmark_interval: Duration,
     pub addr: SocketAddr,
+    /// Per-client counters (their own lock, not the store's).
+    pub meter: Arc<Meter>,
 }
 
 impl Shared {
@@ -169,10 +172,22 @@ pub(crate) async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Respo
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    match dispatch(&sh, &parts.method, &parts.uri, &parts.headers, body) {
+    let mut rec = RequestRecord::default();
+    let resp = match dispatch(
+        &sh,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        body,
+        &mut rec,
+    ) {
         Ok(resp) => resp,
         Err(e) => error_response(&e),
-    }
+    };
+    // exact for every body but a watch stream's
+    let bytes = axum::body::HttpBody::size_hint(resp.body()).exact();
+    sh.meter.request(user_agent(&parts.headers), &rec, bytes);
+    resp
 }
 
 fn query_map(uri: &http::Uri) -> Result<HashMap<String, String>, ApiError> {
@@ -287,12 +302,14 @@ fn verb_of(method: &Method, name: bool, watch: bool) -> &'static str {
     }
 }
 
+/// Answers a request; `rec` learns how it was counted (for [`Meter::request`]).
 fn dispatch(
     sh: &Arc<Shared>,
     method: &Method,
     uri: &http::Uri,
     headers: &HeaderMap,
     body: Bytes,
+    rec: &mut RequestRecord,
 ) -> Result<Response, ApiError> {
     let q = query_map(uri)?;
     let route = {
@@ -303,18 +320,21 @@ fn dispatch(
             .unwrap_or_default();
         if !store.available && !store.reachable_by.contains(user) {
             store.stats.request("unavailable");
+            rec.verb = "unavailable";
             return Err(ApiError::unavailable());
         }
         match route(&store, uri.path()) {
             Ok(r) => r,
             Err(e) => {
                 store.stats.request("other");
+                rec.verb = "other";
                 return Err(e);
             }
         }
     };
     let Route::Resource { rt, ns, name, sub } = route else {
         sh.lock()?.stats.request("discovery");
+        rec.verb = "discovery";
         if method != Method::GET {
             return Err(ApiError::method_not_allowed(format!(
                 "{method} is not supported on {}",
@@ -333,6 +353,8 @@ fn dispatch(
     {
         let mut store = sh.lock()?;
         store.stats.request("create");
+        rec.verb = "create";
+        rec.resource = "pods/binding".into();
         store.stats.access(crate::stats::Access {
             user: headers
                 .get("impersonate-user")
@@ -358,6 +380,8 @@ fn dispatch(
         Some("status") if rt.status_subresource => Sub::Status,
         Some(s) => {
             sh.lock()?.stats.request("other");
+            rec.verb = "other";
+            rec.resource = format!("{}/{s}", qualified(&rt.group, &rt.plural));
             return Err(unsupported_sub(&rt, s));
         }
     };
@@ -379,20 +403,26 @@ fn dispatch(
             resource,
             namespace: ns.clone(),
         });
+        let mut key = qualified(&rt.group, &rt.plural);
+        if sub_kind == Sub::Status {
+            key.push_str("/status");
+        }
         if matches!(
             verb,
             "create" | "update" | "patch" | "delete" | "deletecollection"
         ) {
-            let mut key = qualified(&rt.group, &rt.plural);
-            if sub_kind == Sub::Status {
-                key.push_str("/status");
-            }
-            store.stats.write(key);
+            store.stats.write(key.clone());
         }
+        rec.verb = verb;
+        rec.resource = key;
     }
     let ns_ref = ns.as_deref();
     match (verb, name.as_deref()) {
-        ("list", None) => list(sh, &rt, ns_ref, &q, headers),
+        ("list", None) => {
+            let (resp, objects) = list(sh, &rt, ns_ref, &q, headers)?;
+            rec.listed = Some(objects);
+            Ok(resp)
+        }
         ("watch", None) => start_watch(sh, &rt, ns_ref, &q, headers),
         ("create", None) => {
             if rt.namespaced && ns.is_none() {
@@ -592,13 +622,14 @@ fn check_list_params(q: &HashMap<String, String>) -> Result<bool, ApiError> {
     }
 }
 
+/// Answers a list, with the number of objects (or Table rows) it returned.
 fn list(
     sh: &Arc<Shared>,
     rt: &ResourceType,
     ns: Option<&str>,
     q: &HashMap<String, String>,
     headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<(Response, u64), ApiError> {
     let output = negotiate(headers, q)?;
     let exact = check_list_params(q)?;
     let rv = parse_rv(q)?;
@@ -609,12 +640,16 @@ fn list(
     }
     let sel = selectors(rt, q)?;
     let (items, list_rv) = sh.lock()?.list(rt, ns, &sel, rv, exact)?;
+    let objects = u64::try_from(items.len()).unwrap_or(u64::MAX);
     let (kind, api_version) = match output {
         Output::Table(opts) => {
-            return Ok(json_response(
-                200,
-                &table(rt, &items, opts, true, Some(list_rv.to_string())),
-                &[],
+            return Ok((
+                json_response(
+                    200,
+                    &table(rt, &items, opts, true, Some(list_rv.to_string())),
+                    &[],
+                ),
+                objects,
             ));
         }
         Output::Metadata => (
@@ -627,11 +662,14 @@ fn list(
         .iter()
         .map(|o| render_one(rt, o, output, true))
         .collect();
-    Ok(json_response(
-        200,
-        &json!({"kind": kind, "apiVersion": api_version,
-                "metadata": {"resourceVersion": list_rv.to_string()}, "items": items}),
-        &[],
+    Ok((
+        json_response(
+            200,
+            &json!({"kind": kind, "apiVersion": api_version,
+                    "metadata": {"resourceVersion": list_rv.to_string()}, "items": items}),
+            &[],
+        ),
+        objects,
     ))
 }
 
@@ -677,7 +715,12 @@ fn start_watch(
         sel,
         output,
     };
-    let body = watch::spawn(sh.store.clone(), start, filter, params);
+    let meter = WatchMeter::open(
+        sh.meter.clone(),
+        user_agent(headers),
+        qualified(&rt.group, &rt.plural),
+    );
+    let body = watch::spawn(sh.store.clone(), start, filter, params, meter);
     let mut resp = Response::new(body);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

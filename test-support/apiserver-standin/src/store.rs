@@ -280,6 +280,13 @@ impl Store {
         &self.types
     }
 
+    /// The stored objects, per resource (for [`crate::ApiServer::stored`]).
+    pub fn objects_by_resource(
+        &self,
+    ) -> impl Iterator<Item = (&StorageKey, impl Iterator<Item = &Value>)> {
+        self.objects.iter().map(|(k, objs)| (k, objs.values()))
+    }
+
     fn type_for_key(&self, key: &StorageKey) -> Option<ResourceType> {
         self.types
             .iter()

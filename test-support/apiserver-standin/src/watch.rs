@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::selector::Selectors;
+use crate::stats::WatchMeter;
 use crate::store::{EventType, Store, StoredEvent, WatchStart, meta_str};
 use crate::table::{Output, render_one};
 use crate::types::ResourceType;
@@ -125,19 +126,27 @@ pub fn error_body(status: &Value) -> Body {
 
 type Tx = mpsc::Sender<Result<Bytes, Infallible>>;
 
-async fn send(tx: &Tx, b: Bytes) -> bool {
-    tx.send(Ok(b)).await.is_ok()
+/// Sends one line of `event_type`, counting it in `meter` once it is on the channel.
+async fn send(tx: &Tx, meter: &mut WatchMeter, event_type: &str, b: Bytes) -> bool {
+    let len = b.len();
+    if tx.send(Ok(b)).await.is_err() {
+        return false;
+    }
+    meter.sent(event_type, len);
+    true
 }
 
-/// Spawns the task feeding a watch response and returns its body.
+/// Spawns the task feeding a watch response and returns its body. The task
+/// owns `meter`: the watch counts as open until the task ends.
 pub fn spawn(
     store: Arc<Mutex<Store>>,
     start: WatchStart,
     filter: WatchFilter,
     params: WatchParams,
+    meter: WatchMeter,
 ) -> Body {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
-    tokio::spawn(run(store, start, filter, params, tx));
+    tokio::spawn(run(store, start, filter, params, tx, meter));
     Body::from_stream(ReceiverStream::new(rx))
 }
 
@@ -147,6 +156,7 @@ async fn run(
     filter: WatchFilter,
     params: WatchParams,
     tx: Tx,
+    mut meter: WatchMeter,
 ) {
     let WatchStart {
         initial,
@@ -161,19 +171,25 @@ async fn run(
         headers: true,
     };
     for obj in &initial {
-        if !send(&tx, out.line("ADDED", obj)).await {
+        if !send(&tx, &mut meter, "ADDED", out.line("ADDED", obj)).await {
             return;
         }
     }
     for ev in &replay {
         if let Some((t, o)) = filter.convert(ev)
-            && !send(&tx, out.line(t, &o)).await
+            && !send(&tx, &mut meter, t, out.line(t, &o)).await
         {
             return;
         }
     }
     if (params.bookmarks || params.send_initial)
-        && !send(&tx, bookmark(&filter.rt, last_rv, params.send_initial)).await
+        && !send(
+            &tx,
+            &mut meter,
+            "BOOKMARK",
+            bookmark(&filter.rt, last_rv, params.send_initial),
+        )
+        .await
     {
         return;
     }
@@ -186,7 +202,7 @@ async fn run(
                 let Some(ev) = ev else { break };
                 last_rv = last_rv.max(ev.rv);
                 if let Some((t, o)) = filter.convert(&ev)
-                    && !send(&tx, out.line(t, &o)).await
+                    && !send(&tx, &mut meter, t, out.line(t, &o)).await
                 {
                     break;
                 }
@@ -202,7 +218,7 @@ async fn run(
                         Ok(ev) => {
                             last_rv = last_rv.max(ev.rv);
                             if let Some((t, o)) = filter.convert(&ev)
-                                && !send(&tx, out.line(t, &o)).await
+                                && !send(&tx, &mut meter, t, out.line(t, &o)).await
                             {
                                 closed = true;
                                 break;
@@ -219,7 +235,7 @@ async fn run(
                     break;
                 }
                 last_rv = last_rv.max(current);
-                if !send(&tx, bookmark(&filter.rt, last_rv, false)).await {
+                if !send(&tx, &mut meter, "BOOKMARK", bookmark(&filter.rt, last_rv, false)).await {
                     break;
                 }
             }
