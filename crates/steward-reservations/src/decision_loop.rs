@@ -34,8 +34,12 @@ pub struct ControllerConfig {
     /// How long a Reserved reservation waits for its pod's claims.
     pub ttl: Duration,
     /// How often reservations are checked for expiry with nothing else
-    /// happening.
+    /// happening (and the metrics by phase refreshed).
     pub resync: Duration,
+    /// How often the kept ledger is checked against one rebuilt from
+    /// every object (O(cluster), so seldom); a difference is logged and
+    /// the ledger rebuilt.
+    pub audit: Duration,
     /// Also keep one `resource.k8s.io/v1` DeviceClass per Configuration
     /// ([`crate::deviceclass`]); off by default, for clusters without that
     /// API.
@@ -47,12 +51,13 @@ pub struct ControllerConfig {
 
 impl ControllerConfig {
     /// Lease `steward-controller` in `namespace`, as `identity`; 2 minute
-    /// TTL; 1 s expiry checks; no DeviceClasses.
+    /// TTL; 1 s expiry checks; an audit every 5 minutes; no DeviceClasses.
     pub fn new(namespace: &str, identity: &str) -> Self {
         Self {
             lease: LeaseConfig::new(namespace, "steward-controller", identity),
             ttl: Duration::from_secs(120),
             resync: Duration::from_secs(1),
+            audit: Duration::from_secs(300),
             device_classes: false,
             metrics: ControllerMetrics::default(),
         }
@@ -146,32 +151,84 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut picture = LedgerPicture::default();
     let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
+    let mut audited = tokio::time::Instant::now();
     loop {
-        tokio::select! {
-            Some(c) = instances.next() => picture.instances(c),
-            Some(c) = claims.next() => picture.slot_claims(c),
-            Some(c) = reservations.next() => picture.reservations(c),
-            Some(c) = pods.next() => picture.pods(c),
-            Some(c) = nodes.next() => picture.nodes(c),
-            _ = tick.tick() => {}
-        }
+        let ticked = tokio::select! {
+            Some(c) = instances.next() => { picture.instances(c); false }
+            Some(c) = claims.next() => { picture.slot_claims(c); false }
+            Some(c) = reservations.next() => { picture.reservations(c); false }
+            Some(c) = pods.next() => { picture.pods(c); false }
+            Some(c) = nodes.next() => { picture.nodes(c); false }
+            _ = tick.tick() => true,
+        };
         // Take everything already waiting before deciding, so a burst is
-        // one rebuild.
+        // one batch.
         while let Some(Some(c)) = reservations.next().now_or_never() {
             picture.reservations(c);
         }
-        if picture.ready() {
-            let (counts, oldest) = picture.phases(now());
-            cfg.metrics.set_phases(&counts, oldest);
+        let at = now();
+        let rebuilds = picture.rebuilds();
+        let writes = picture.reconcile(ttl_ms, at);
+        cfg.metrics
+            .ledger_rebuilds
+            .inc_by(picture.rebuilds().saturating_sub(rebuilds));
+        // The batch's decisions come from one ledger, so no two of them
+        // hold the same slot: their writes go out together, and every
+        // result is applied before the next batch is decided (a written
+        // decision counts at once: the next batch must not hand its slots
+        // to another pod before the watch echoes it).
+        let mut results = futures::stream::iter(writes)
+            .map(|w| {
+                let uid = w.object.spec.pod.uid.clone();
+                write(&client, &events, w).map(move |r| (uid, r))
+            })
+            .buffer_unordered(WRITES_IN_FLIGHT);
+        while let Some((uid, written)) = results.next().await {
+            match written {
+                Some(written) => picture.reservations(steward_kube::Change::Applied(written)),
+                None => picture.unwritten(&uid),
+            }
         }
-        for w in picture.reconcile(ttl_ms, now()) {
-            // A written decision counts at once: the next rebuild must not
-            // hand its slots to another pod before the watch echoes it.
-            if let Some(written) = write(&client, &events, w).await {
-                picture.reservations(steward_kube::Change::Applied(written));
+        if ticked && picture.ready() {
+            // O(Reservations): once per resync, not per batch.
+            let (counts, oldest) = picture.phases(at);
+            cfg.metrics.set_phases(&counts, oldest);
+            // After the batch and at its instant, so the audit and the
+            // kept ledger judge the same moment.
+            if audited.elapsed() >= cfg.audit {
+                audited = tokio::time::Instant::now();
+                audit(&mut picture, ttl_ms, at, &cfg.metrics);
             }
         }
     }
+}
+
+/// Status writes of one batch sent at once, at most.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// Compares the kept ledger with one rebuilt from every object; where they
+/// differ, says so and rebuilds.
+fn audit(picture: &mut LedgerPicture, ttl_ms: u64, at: Millis, metrics: &ControllerMetrics) {
+    let differ = picture.audit(ttl_ms, at);
+    metrics.audits.inc();
+    metrics
+        .audit_differences
+        .inc_by(u64::try_from(differ.len()).unwrap_or(u64::MAX));
+    if differ.is_empty() {
+        tracing::debug!("audit: the kept ledger agrees with every object");
+        return;
+    }
+    let names: Vec<String> = differ
+        .iter()
+        .take(5)
+        .map(|w| format!("{}/{}", w.namespace, w.name))
+        .collect();
+    tracing::warn!(
+        differences = differ.len(),
+        first = ?names,
+        "audit: the kept reservation ledger differs from one rebuilt from every object; rebuilding"
+    );
+    picture.invalidate();
 }
 
 /// Writes one status under the resourceVersion it was decided from; a

@@ -1,27 +1,35 @@
-//! The picture the reservation ledger is rebuilt from — what the
-//! controller knows of the cluster, one [`Mirror`] per kind — and the
-//! decisions it implies.
+//! What the controller knows of the cluster — one [`Mirror`] per kind —
+//! the reservation ledger kept from it, and the decisions it implies.
 //!
-//! Level-triggered: after every batch of watch changes the whole ledger is
-//! rebuilt from what the objects say — Instances, SlotClaims, Nodes, Pods
-//! and the Reservations with the statuses earlier decisions wrote — and
-//! each Reservation's wanted status is compared with its current one. Only
-//! differences are written. A write that loses (409) changes nothing: the
-//! next rebuild decides again from what was really persisted, so a decision
-//! exists only once it is in the API, and a successor controller starts from
-//! exactly what its predecessor persisted.
+//! The ledger is built once from every object ([`rebuild`]: Instances,
+//! SlotClaims, Nodes, Pods and the Reservations with the statuses earlier
+//! decisions wrote) and then kept: each watch change updates it where the
+//! change lands, and only the pods it touched ("dirty") are looked at
+//! again, each first re-read from what its Reservation object says. A
+//! batch's work grows with what changed, not with the cluster. Only
+//! differences from each Reservation's current status are written. A write
+//! that loses (409) changes nothing: the pod is looked at again from what
+//! was really persisted, so a decision exists only once it is in the API,
+//! and a successor controller starts from exactly what its predecessor
+//! persisted. A relist rebuilds; [`LedgerPicture::audit`] rebuilds aside
+//! and reports where the kept ledger would write otherwise.
+
+#[cfg(test)]
+mod proptests;
+mod rebuild;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use steward_api::{Instance, Reservation, ReservationStatus, SlotClaim};
+use steward_api::{Instance, Reservation, SlotClaim};
 use steward_core::Millis;
 use steward_core::reservation::{
-    self as core, Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, Phase,
-    ReservationLedger,
+    Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, ReservationLedger,
 };
-use steward_kube::{Change as Watch, Mirror};
+use steward_kube::{Change as Watch, Mirror, ObjectKey};
+
+use rebuild::{Rebuilt, write_for};
 
 /// A pod as the controller needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +83,21 @@ pub struct LedgerPicture {
     /// node name → the exclusive CPUs its resource manager publishes, if
     /// any.
     nodes: Mirror<Node, Option<NodeCpus>, String>,
+    /// pod uid → the key of its Reservation.
+    by_uid: BTreeMap<String, ObjectKey>,
+    /// The ledger as of the last reconcile, kept between batches.
+    ledger: ReservationLedger,
+    /// Pods whose reservations their own claims consumed.
+    consumed: BTreeSet<String>,
+    /// Pods to look at again in the next reconcile.
+    dirty: BTreeSet<String>,
+    /// The ledger must be rebuilt from every object before it is used
+    /// (nothing built yet, a relist, the set of Nodes changed).
+    stale: bool,
+    /// The time to live `ledger` was built with.
+    ttl_ms: u64,
+    /// Full rebuilds so far.
+    rebuilds: u64,
 }
 
 /// A status to write.
@@ -110,6 +133,13 @@ impl Default for LedgerPicture {
             reservations: Mirror::new(),
             pods: Mirror::keyed(|p: &Pod| p.metadata.uid.clone(), |p| Some(PodFacts::of(&p))),
             nodes: Mirror::keyed(name, |n: Node| Some(node_cpus(&n))),
+            by_uid: BTreeMap::new(),
+            ledger: ReservationLedger::default(),
+            consumed: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            stale: true,
+            ttl_ms: 0,
+            rebuilds: 0,
         }
     }
 }
@@ -145,164 +175,306 @@ impl LedgerPicture {
             && self.nodes.listed()
     }
 
+    /// How many times the ledger was rebuilt from every object.
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuilds
+    }
+
+    /// Pods waiting to be looked at again.
+    pub fn dirty(&self) -> usize {
+        self.dirty.len()
+    }
+
     // An interrupted watch changes nothing here: it resumes or relists.
+    // While the ledger is stale, changes only update the mirrors: the
+    // rebuild reads them all.
 
     pub fn instances(&mut self, change: Watch<Instance>) {
-        let _ = self.instances.apply(change);
+        let named = watched_name(&change);
+        let before = named
+            .as_deref()
+            .and_then(|n| self.instances.get(n).cloned());
+        let Ok(delta) = self.instances.apply(change) else {
+            return;
+        };
+        if delta.relisted {
+            self.stale = true;
+        }
+        if self.stale {
+            return;
+        }
+        // Every reservation asking for it is looked at again (O(reservations),
+        // but Instances change seldom); each is re-read from its object.
+        for name in delta.applied {
+            if let Some(cap) = self.instances.get(&name)
+                && before.as_ref() != Some(cap)
+            {
+                let cap = self.seen_capacity(cap);
+                let changes = self.ledger.set_instance(&name, cap);
+                self.note(changes);
+                self.dirty.extend(self.asking_for(&name));
+            }
+        }
+        for (name, _) in delta.removed {
+            let changes = self.ledger.remove_instance(&name);
+            self.note(changes);
+            self.dirty.extend(self.asking_for(&name));
+        }
     }
 
     pub fn slot_claims(&mut self, change: Watch<SlotClaim>) {
-        let _ = self.claims.apply(change);
+        let key = match &change {
+            Watch::Applied(c) | Watch::Deleted(c) => Some(ObjectKey::of(c)),
+            _ => None,
+        };
+        let before = key.as_ref().and_then(|k| self.claims.get(k).cloned());
+        let Ok(delta) = self.claims.apply(change) else {
+            return;
+        };
+        if delta.relisted {
+            self.stale = true;
+        }
+        if self.stale {
+            return;
+        }
+        let after = key.as_ref().and_then(|k| self.claims.get(k).cloned());
+        if before == after {
+            return;
+        }
+        if let Some((slot, uid)) = before {
+            self.ledger.claim_released(&slot);
+            self.dirty.insert(uid);
+        }
+        if let Some((slot, uid)) = after {
+            // Other pods' reservations of the slot move: look at them again.
+            self.dirty.extend(self.ledger.reserved_for(&slot));
+            let changes = self.ledger.claim_observed(&slot, &uid);
+            self.note(changes);
+            self.dirty.insert(uid);
+        }
     }
 
     pub fn reservations(&mut self, change: Watch<Reservation>) {
-        let _ = self.reservations.apply(change);
+        let key = match &change {
+            Watch::Applied(r) | Watch::Deleted(r) => Some(ObjectKey::of(r)),
+            _ => None,
+        };
+        let before = key
+            .as_ref()
+            .and_then(|k| self.reservations.get(k))
+            .map(|r| r.spec.pod.uid.clone());
+        let Ok(delta) = self.reservations.apply(change) else {
+            return;
+        };
+        if delta.relisted {
+            self.stale = true;
+            self.by_uid = self
+                .reservations
+                .iter()
+                .map(|(k, r)| (r.spec.pod.uid.clone(), k.clone()))
+                .collect();
+            return;
+        }
+        // The pod a key named before, if the object now names another.
+        if let (Some(k), Some(uid)) = (&key, before) {
+            self.unlink(&uid, k);
+        }
+        for k in delta.applied {
+            if let Some(r) = self.reservations.get(&k) {
+                let uid = r.spec.pod.uid.clone();
+                self.by_uid.insert(uid.clone(), k);
+                self.dirty.insert(uid);
+            }
+        }
+        for (k, r) in delta.removed {
+            self.unlink(&r.spec.pod.uid, &k);
+        }
     }
 
     pub fn pods(&mut self, change: Watch<Pod>) {
-        let _ = self.pods.apply(change);
+        let Ok(delta) = self.pods.apply(change) else {
+            return;
+        };
+        if delta.relisted {
+            self.stale = true;
+            return;
+        }
+        // Only pods with a Reservation matter to the decisions.
+        let touched = delta
+            .applied
+            .into_iter()
+            .chain(delta.removed.into_iter().map(|(uid, _)| uid));
+        for uid in touched {
+            if self.by_uid.contains_key(&uid) {
+                self.dirty.insert(uid);
+            }
+        }
     }
 
     pub fn nodes(&mut self, change: Watch<Node>) {
-        let _ = self.nodes.apply(change);
+        let named = watched_name(&change);
+        let before = named.as_deref().map(|n| self.nodes.get(n).cloned());
+        let Ok(delta) = self.nodes.apply(change) else {
+            return;
+        };
+        // A node appearing or going changes which nodes see each Instance
+        // and which reservations stand: rebuild.
+        if delta.relisted || !delta.removed.is_empty() || matches!(before, Some(None)) {
+            self.stale = true;
+        }
+        if self.stale {
+            return;
+        }
+        // Otherwise only the CPUs it publishes matter (not its heartbeats).
+        for node in delta.applied {
+            let now = self.nodes.get(&node).cloned().flatten();
+            let was = before.as_ref().and_then(|b| b.as_ref());
+            if was != Some(&now) {
+                // Reservations there may move to another NUMA node, and a
+                // pod that starts or stops holding its CPUs there is
+                // consumed or no longer.
+                self.dirty.extend(self.ledger.reserved_on(&node));
+                let holders = |c: Option<&Option<NodeCpus>>| {
+                    c.and_then(Option::as_ref)
+                        .map(|c| c.holders.clone())
+                        .unwrap_or_default()
+                };
+                let (old, new) = (holders(was), holders(Some(&now)));
+                self.dirty.extend(old.symmetric_difference(&new).cloned());
+                let changes = self.ledger.set_node_cpus(&node, now);
+                self.note(changes);
+            }
+        }
+    }
+
+    /// A write of pod `uid`'s status did not land: look at it again.
+    pub fn unwritten(&mut self, uid: &str) {
+        self.dirty.insert(uid.to_owned());
     }
 
     /// The statuses to write at `now` (milliseconds of the wall clock),
     /// reservations held at most `ttl_ms` before their pod's claims
     /// consume them.
-    pub fn reconcile(&self, ttl_ms: u64, now: Millis) -> Vec<Write> {
+    pub fn reconcile(&mut self, ttl_ms: u64, now: Millis) -> Vec<Write> {
         if !self.ready() {
             return Vec::new();
         }
-        let mut ledger = ReservationLedger::new(ttl_ms);
-        for (name, cap) in self.instances.iter() {
-            let mut cap = cap.clone();
-            cap.nodes.retain(|n| self.nodes.contains(n.as_str()));
-            ledger.set_instance(name, cap);
+        if self.stale || self.ttl_ms != ttl_ms {
+            let (Rebuilt { ledger, consumed }, writes) = self.rebuild(ttl_ms, now);
+            self.ledger = ledger;
+            self.consumed = consumed;
+            self.dirty.clear();
+            self.stale = false;
+            self.ttl_ms = ttl_ms;
+            self.rebuilds += 1;
+            return writes;
         }
-        for (node, cpus) in self.nodes.iter() {
-            if let Some(cpus) = cpus {
-                ledger.set_node_cpus(node, Some(cpus.clone()));
-            }
+        let mut touched = std::mem::take(&mut self.dirty);
+        // Re-read each from its object first, as a rebuild restores every
+        // persisted decision before deciding any.
+        for uid in &touched {
+            self.reread(uid);
         }
-        // What earlier decisions persisted.
-        for r in self.reservations.values() {
-            if let Some(s) = &r.status {
-                let mut rec = recorded(r, s);
-                if let Some(node) = rec.node.clone()
-                    && rec.phase == Phase::Reserved
-                    && !self.nodes.contains(node.as_str())
-                {
-                    rec.phase = Phase::Canceled;
-                    rec.node = None;
-                    rec.slots.clear();
-                    rec.numa = None;
-                    rec.reason = Some(format!("node {node} is gone"));
-                }
-                ledger.restore(rec);
+        for uid in &touched {
+            let mut ledger = std::mem::take(&mut self.ledger);
+            self.decide_into(&mut ledger, &self.consumed, uid, now);
+            self.ledger = ledger;
+        }
+        for c in self.ledger.expire(now) {
+            if let Change::Phase { uid, .. } = c {
+                touched.insert(uid);
             }
         }
-        // Reality: claims win over reservations of other pods.
-        let mut consumed = BTreeSet::new();
-        let mut changes = Vec::new();
-        // By slot, as the claims are observed.
-        let held: BTreeMap<&str, &str> = self
-            .claims
-            .values()
-            .map(|(slot, uid)| (slot.as_str(), uid.as_str()))
-            .collect();
-        for (slot, uid) in held {
-            changes.extend(ledger.claim_observed(slot, uid));
-        }
-        changes.extend(ledger.settle());
-        for c in changes {
-            if let Change::Consumed { uid } = c {
-                consumed.insert(uid);
-            }
-        }
-        let by_uid: BTreeMap<&str, &Reservation> = self
-            .reservations
-            .values()
-            .map(|r| (r.spec.pod.uid.as_str(), r))
-            .collect();
-        for (uid, r) in &by_uid {
-            if consumed.contains(*uid) {
-                continue;
-            }
-            let generation = r.metadata.generation;
-            let answered = r
-                .status
-                .as_ref()
-                .is_some_and(|s| s.observed_generation == generation);
-            let Some(pod) = self.pods.get(*uid) else {
-                ledger.cancel(uid, "the pod is gone");
-                continue;
-            };
-            if let Some(why) = &pod.ended {
-                ledger.cancel(uid, why);
-                continue;
-            }
-            if let Some(reason) = &r.spec.cancel {
-                ledger.cancel(uid, &format!("unreserved: {reason}"));
-                continue;
-            }
-            if !answered {
-                let candidates: Vec<String> = r.spec.candidates.clone();
-                let asked = ledger.request_with_cpus(
-                    r.spec.pod_ref(),
-                    r.spec.slots.clone(),
-                    r.spec.exclusive_cpus,
-                    candidates,
-                    now,
-                );
-                if asked.is_err() && ledger.reservation(uid).is_none() {
-                    continue;
-                }
-            }
-            let _ = ledger.decide(uid, now);
-            if let Some(node) = &pod.node {
-                ledger.bound(uid, node);
-            }
-        }
-        ledger.expire(now);
+        touched
+            .iter()
+            .filter_map(|uid| self.reservation_of(uid))
+            .filter_map(|r| write_for(r, &self.ledger, &self.consumed, now))
+            .collect()
+    }
 
-        let mut writes = Vec::new();
-        for r in self.reservations.values() {
-            let uid = r.spec.pod.uid.as_str();
-            let generation = r.metadata.generation;
-            let wanted = if consumed.contains(uid) {
-                r.status.clone().map(|mut s| {
-                    s.reason = Some("consumed: the pod holds what was reserved for it".into());
-                    s.observed_generation = generation;
-                    s
-                })
-            } else if let Some(l) = ledger.reservation(uid) {
-                Some(ReservationStatus::from_core(l, generation))
-            } else {
-                self.invalid(r, generation)
-            };
-            let Some(mut wanted) = wanted else { continue };
-            if wanted.conditions.is_empty() {
-                wanted.conditions = r
-                    .status
-                    .as_ref()
-                    .map(|s| s.conditions.clone())
-                    .unwrap_or_default();
+    /// The writes a ledger rebuilt from every object would make now,
+    /// besides nothing changed here; empty when the kept ledger agrees
+    /// with the objects. O(everything).
+    pub fn audit(&self, ttl_ms: u64, now: Millis) -> Vec<Write> {
+        if !self.ready() {
+            return Vec::new();
+        }
+        // A pod still dirty is looked at in the next batch anyway.
+        let mut writes = self.rebuild(ttl_ms, now).1;
+        writes.retain(|w| !self.dirty.contains(&w.object.spec.pod.uid));
+        writes
+    }
+
+    /// The next reconcile rebuilds the ledger from every object.
+    pub fn invalidate(&mut self) {
+        self.stale = true;
+    }
+
+    /// Pod `uid`'s reservation as its object records it, replacing what
+    /// the ledger had.
+    fn reread(&mut self, uid: &str) {
+        self.consumed.remove(uid);
+        let recorded = self
+            .reservation_of(uid)
+            .and_then(|r| r.status.as_ref().map(|s| self.recorded(r, s)));
+        match recorded {
+            Some(rec) => {
+                self.ledger.restore(rec);
+                // Looked at in this batch already: not marked dirty again.
+                if !self.ledger.settle_pod(uid).is_empty() {
+                    self.consumed.insert(uid.to_owned());
+                }
             }
-            wanted.set_reserved_condition(consumed.contains(uid), time(now));
-            if r.status.as_ref() != Some(&wanted) {
-                let mut object = r.clone();
-                let from = r.status.as_ref().map(|s| s.phase.clone());
-                object.status = Some(wanted);
-                writes.push(Write {
-                    namespace: r.namespace().unwrap_or_default(),
-                    name: r.name_any(),
-                    object,
-                    from,
-                });
+            None => {
+                self.ledger.forget(uid);
             }
         }
-        writes
+    }
+
+    /// Marks what ledger `changes` touched.
+    fn note(&mut self, changes: Vec<Change>) {
+        for c in changes {
+            match c {
+                Change::Consumed { uid } => {
+                    self.consumed.insert(uid.clone());
+                    self.dirty.insert(uid);
+                }
+                Change::Phase { uid, .. } => {
+                    self.dirty.insert(uid);
+                }
+            }
+        }
+    }
+
+    /// Drops the link from pod `uid` to Reservation `key` (the object is
+    /// gone or names another pod now); the pod is looked at again.
+    fn unlink(&mut self, uid: &str, key: &ObjectKey) {
+        if self.by_uid.get(uid) == Some(key) {
+            self.by_uid.remove(uid);
+        }
+        self.dirty.insert(uid.to_owned());
+    }
+
+    /// The pods whose Reservations ask for slots of `instance`, consumed
+    /// ones included.
+    fn asking_for(&self, instance: &str) -> Vec<String> {
+        self.reservations
+            .values()
+            .filter(|r| r.spec.slots.contains_key(instance))
+            .map(|r| r.spec.pod.uid.clone())
+            .collect()
+    }
+
+    /// Pod `uid`'s Reservation object.
+    fn reservation_of(&self, uid: &str) -> Option<&Reservation> {
+        self.by_uid.get(uid).and_then(|k| self.reservations.get(k))
+    }
+
+    /// An Instance's capacity counting only the nodes that exist.
+    fn seen_capacity(&self, cap: &InstanceCapacity) -> InstanceCapacity {
+        let mut cap = cap.clone();
+        cap.nodes.retain(|n| self.nodes.contains(n.as_str()));
+        cap
     }
 
     /// Reservations by phase (no status, or a phase not known, counts as
@@ -329,54 +501,12 @@ impl LedgerPicture {
         }
         (counts.into_iter().collect(), oldest)
     }
-
-    /// The status of a Reservation the ledger refused (no slot asked, no
-    /// candidate): Rejected with the reason, so it is not left Requested.
-    fn invalid(&self, r: &Reservation, generation: Option<i64>) -> Option<ReservationStatus> {
-        let reason = if r.spec.slots.values().all(|n| *n == 0) && r.spec.exclusive_cpus == 0 {
-            "the reservation asks for no slot and no exclusive CPU"
-        } else if r.spec.candidates.is_empty() {
-            "the reservation names no candidate node"
-        } else {
-            return None;
-        };
-        Some(ReservationStatus {
-            phase: "Rejected".into(),
-            reason: Some(reason.into()),
-            observed_generation: generation,
-            ..ReservationStatus::default()
-        })
-    }
 }
 
-/// The core's reservation as a Reservation object's status recorded it.
-fn recorded(r: &Reservation, s: &ReservationStatus) -> core::Reservation {
-    let phase = match s.phase.as_str() {
-        "Reserved" => Phase::Reserved,
-        "Rejected" => Phase::Rejected,
-        "Canceled" => Phase::Canceled,
-        _ => Phase::Requested,
-    };
-    core::Reservation {
-        pod: r.spec.pod_ref(),
-        request: r.spec.slots.clone(),
-        candidates: r.spec.candidates.clone(),
-        phase,
-        node: s.node.clone(),
-        slots: s.slot_set(),
-        cpus: r.spec.exclusive_cpus,
-        numa: s.numa_node,
-        reason: s.reason.clone(),
-        requested_at: Millis(s.decided_at.unwrap_or(0)),
-        decided_at: s.decided_at.map(Millis),
+/// The name of the object an Applied or Deleted change carries.
+fn watched_name<K: ResourceExt>(change: &Watch<K>) -> Option<String> {
+    match change {
+        Watch::Applied(o) | Watch::Deleted(o) => Some(o.name_any()),
+        _ => None,
     }
-}
-
-/// `now` as an API timestamp.
-fn time(now: Millis) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-    let ms = i64::try_from(now.0).unwrap_or(i64::MAX);
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::from_millisecond(ms)
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-    )
 }

@@ -3,6 +3,7 @@
 //! has waited for a decision. Registered into a registry the caller owns.
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -30,6 +31,17 @@ pub struct ControllerMetrics {
     /// `steward_reservations_oldest_requested_seconds`: age of the oldest
     /// Reservation still undecided (0 when none, and on a standby).
     pub oldest_requested_seconds: Gauge,
+    /// `steward_reservation_ledger_rebuilds_total`: times the leader built
+    /// its reservation ledger from every object (taking the lead, a relist,
+    /// an audit that found a difference); otherwise it is kept.
+    pub ledger_rebuilds: Counter,
+    /// `steward_reservation_audits_total`: audits of the kept ledger
+    /// against one rebuilt from every object.
+    pub audits: Counter,
+    /// `steward_reservation_audit_differences_total`: Reservations whose
+    /// status an audit found the kept ledger would not have written as a
+    /// rebuild would (expected 0; each is repaired by a rebuild).
+    pub audit_differences: Counter,
 }
 
 impl ControllerMetrics {
@@ -50,6 +62,21 @@ impl ControllerMetrics {
             "steward_reservations_oldest_requested_seconds",
             "Age of the oldest Reservation still waiting for a decision",
             m.oldest_requested_seconds.clone(),
+        );
+        registry.register(
+            "steward_reservation_ledger_rebuilds",
+            "Times the leader built its reservation ledger from every object",
+            m.ledger_rebuilds.clone(),
+        );
+        registry.register(
+            "steward_reservation_audits",
+            "Audits of the kept reservation ledger against one rebuilt from every object",
+            m.audits.clone(),
+        );
+        registry.register(
+            "steward_reservation_audit_differences",
+            "Reservations an audit found the kept ledger would decide otherwise than a rebuild (expected 0)",
+            m.audit_differences.clone(),
         );
         m.set_phases(&[], None);
         m
@@ -93,6 +120,8 @@ mod tests {
             "steward_reservations{phase=\"Canceled\"} 0",
             "steward_reservations_oldest_requested_seconds 91",
             "steward_controller_leading 0",
+            "steward_reservation_ledger_rebuilds_total 0",
+            "steward_reservation_audit_differences_total 0",
         ] {
             assert!(out.contains(line), "{line} missing from:\n{out}");
         }

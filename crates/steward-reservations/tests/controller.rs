@@ -39,6 +39,8 @@ impl Controller {
         cfg.lease.lease_duration = Duration::from_secs(2);
         cfg.lease.renew_deadline = Duration::from_millis(1500);
         cfg.lease.retry_period = Duration::from_millis(100);
+        // Every test also checks the kept ledger against a rebuild.
+        cfg.audit = Duration::from_millis(100);
         let metrics = cfg.metrics.clone();
         let stop = CancellationToken::new();
         let client = api.client();
@@ -56,6 +58,11 @@ impl Controller {
     async fn stop(mut self) {
         self.stop.cancel();
         (&mut self.task).await.unwrap();
+        assert_eq!(
+            self.metrics.audit_differences.get(),
+            0,
+            "an audit found the kept ledger deciding otherwise than a rebuild"
+        );
     }
 }
 
@@ -290,6 +297,8 @@ async fn a_shared_instance_is_reserved_once_cluster_wide() {
     let metrics = c.metrics.clone();
     c.stop().await;
     assert_eq!(metrics.leading.get(), 0, "a stopped replica does not lead");
+    assert!(metrics.audits.get() > 0, "the leader audited its ledger");
+    assert_eq!(metrics.ledger_rebuilds.get(), 1, "built once, then kept");
 }
 
 #[tokio::test]

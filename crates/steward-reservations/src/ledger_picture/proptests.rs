@@ -1,0 +1,385 @@
+//! The kept ledger against the ledger rebuilt from every object.
+//!
+//! Random watch changes (Instances, Nodes with and without CPUs, pods
+//! coming, binding, failing and going, Reservations asked, unreserved and
+//! deleted, claims taken and released, relists) are fed to one picture;
+//! at each reconcile its writes are applied back as the decision loop
+//! does. Then:
+//! * the picture settles (a reconcile after the writes writes nothing);
+//! * a ledger rebuilt from every object would write nothing either
+//!   ([`LedgerPicture::audit`]): the kept ledger decided what a rebuild
+//!   decides;
+//! * no slot is Reserved twice, and no Reserved slot is claimed by another
+//!   pod.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use proptest::prelude::*;
+use serde_json::json;
+use steward_api::{
+    Instance, InstanceSpec, PodRef, Reservation, ReservationSpec, SlotClaim, SlotClaimSpec,
+};
+use steward_core::Millis;
+use steward_core::reservation::{NODE_CPUS_ANNOTATION, NodeCpus};
+use steward_kube::Change as Watch;
+
+use super::LedgerPicture;
+
+const NS: &str = "default";
+const NODES: [&str; 3] = ["n0", "n1", "n2"];
+const INSTANCES: [&str; 2] = ["cam", "mic"];
+const PODS: usize = 4;
+const TTL: u64 = 1_000;
+
+#[derive(Debug, Clone)]
+enum PodIs {
+    Pending,
+    Bound(usize),
+    Failed,
+    Gone,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Instance `i` with capacity, seen by the nodes of the mask.
+    Instance(usize, u32, u8),
+    DropInstance(usize),
+    /// Pod `p` asks for `n` slots of Instance `i` and `cpus` exclusive
+    /// CPUs, with the candidates of the mask (a new spec generation).
+    Ask(usize, usize, u32, u32, u8),
+    Unreserve(usize),
+    DropReservation(usize),
+    Pod(usize, PodIs),
+    /// Pod `p` claims slot `s` of Instance `i`.
+    Claim(usize, usize, u32),
+    Unclaim(usize, u32),
+    /// Node `n` publishes free CPUs on its two NUMA nodes (or stops), with
+    /// the pods of the mask holding theirs.
+    Cpus(usize, Option<(u32, u32)>, u8),
+    /// A node appears or goes.
+    NodeToggle(usize),
+    /// One kind is listed again (0 Instances .. 4 Nodes).
+    Relist(u8),
+    /// Time passes by this many ms, and the loop reconciles.
+    Reconcile(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0..2usize, 0..4u32, 0..8u8).prop_map(|(i, c, m)| Op::Instance(i, c, m)),
+        1 => (0..2usize).prop_map(Op::DropInstance),
+        3 => (0..PODS, 0..2usize, 1..3u32, 0..3u32, 1..8u8)
+            .prop_map(|(p, i, n, c, m)| Op::Ask(p, i, n, c, m)),
+        1 => (0..PODS).prop_map(Op::Unreserve),
+        1 => (0..PODS).prop_map(Op::DropReservation),
+        2 => (0..PODS, prop_oneof![
+            Just(PodIs::Pending),
+            (0..3usize).prop_map(PodIs::Bound),
+            Just(PodIs::Failed),
+            Just(PodIs::Gone),
+        ])
+            .prop_map(|(p, s)| Op::Pod(p, s)),
+        2 => (0..PODS, 0..2usize, 0..3u32).prop_map(|(p, i, s)| Op::Claim(p, i, s)),
+        1 => (0..2usize, 0..3u32).prop_map(|(i, s)| Op::Unclaim(i, s)),
+        1 => (0..3usize, proptest::option::of((0..4u32, 0..4u32)), 0..16u8)
+            .prop_map(|(n, f, h)| Op::Cpus(n, f, h)),
+        1 => (0..3usize).prop_map(Op::NodeToggle),
+        1 => (0..5u8).prop_map(Op::Relist),
+        4 => (0..600u64).prop_map(Op::Reconcile),
+    ]
+}
+
+fn uid(p: usize) -> String {
+    format!("u{p}")
+}
+
+/// The cluster as the API holds it.
+#[derive(Default)]
+struct Cluster {
+    instances: BTreeMap<String, Instance>,
+    nodes: BTreeMap<String, Node>,
+    pods: BTreeMap<usize, Pod>,
+    reservations: BTreeMap<usize, Reservation>,
+    claims: BTreeMap<String, SlotClaim>,
+    rv: u64,
+}
+
+impl Cluster {
+    fn rv(&mut self) -> Option<String> {
+        self.rv += 1;
+        Some(self.rv.to_string())
+    }
+
+    fn node(&mut self, n: usize, cpus: Option<&NodeCpus>) -> Node {
+        let mut annotations = serde_json::Map::new();
+        if let Some(c) = cpus {
+            annotations.insert(
+                NODE_CPUS_ANNOTATION.into(),
+                serde_json::to_string(c).unwrap().into(),
+            );
+        }
+        let mut node: Node = serde_json::from_value(json!({
+            "metadata": {"name": NODES[n], "annotations": annotations},
+        }))
+        .unwrap();
+        node.metadata.resource_version = self.rv();
+        node
+    }
+}
+
+fn pod(p: usize, is: &PodIs) -> Pod {
+    let (node, phase) = match is {
+        PodIs::Bound(n) => (Some(NODES[*n]), "Running"),
+        PodIs::Failed => (Some(NODES[0]), "Failed"),
+        _ => (None, "Pending"),
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("p{p}"), "namespace": NS, "uid": uid(p)},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
+        "status": {"phase": phase, "reason": if phase == "Failed" { "UnexpectedAdmissionError" } else { "" }},
+    }))
+    .unwrap()
+}
+
+fn mask(m: u8) -> Vec<String> {
+    (0..3)
+        .filter(|n| m & (1 << n) != 0)
+        .map(|n| NODES[n].to_owned())
+        .collect()
+}
+
+/// Applies `op` to the cluster and tells the picture what its watches
+/// would.
+fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
+    match op {
+        Op::Instance(i, capacity, m) => {
+            let spec = InstanceSpec {
+                configuration_name: "conf".into(),
+                device_id: INSTANCES[i].into(),
+                shared: m.count_ones() > 1,
+                nodes: mask(m),
+                capacity,
+                properties: BTreeMap::new(),
+                mounts: Vec::new(),
+                device_specs: Vec::new(),
+                cdi_name: String::new(),
+            };
+            let mut o = Instance::new(INSTANCES[i], spec);
+            o.metadata.namespace = Some(NS.into());
+            o.metadata.resource_version = c.rv();
+            c.instances.insert(INSTANCES[i].into(), o.clone());
+            pic.instances(Watch::Applied(o));
+        }
+        Op::DropInstance(i) => {
+            if let Some(o) = c.instances.remove(INSTANCES[i]) {
+                pic.instances(Watch::Deleted(o));
+            }
+        }
+        Op::Ask(p, i, n, cpus, m) => {
+            let spec = ReservationSpec {
+                pod: PodRef {
+                    namespace: NS.into(),
+                    name: format!("p{p}"),
+                    uid: uid(p),
+                },
+                slots: BTreeMap::from([(INSTANCES[i].to_owned(), n)]),
+                exclusive_cpus: cpus,
+                candidates: mask(m),
+                cancel: None,
+            };
+            let mut o = match c.reservations.get(&p) {
+                Some(old) => {
+                    let mut o = old.clone();
+                    o.spec = spec;
+                    o.metadata.generation = o.metadata.generation.map(|g| g + 1);
+                    o
+                }
+                None => {
+                    let mut o = Reservation::new(&format!("p{p}"), spec);
+                    o.metadata.namespace = Some(NS.into());
+                    o.metadata.generation = Some(1);
+                    o
+                }
+            };
+            o.metadata.resource_version = c.rv();
+            c.reservations.insert(p, o.clone());
+            pic.reservations(Watch::Applied(o));
+        }
+        Op::Unreserve(p) => {
+            if let Some(old) = c.reservations.get(&p) {
+                let mut o = old.clone();
+                o.spec.cancel = Some("the binding failed".into());
+                o.metadata.generation = o.metadata.generation.map(|g| g + 1);
+                o.metadata.resource_version = c.rv();
+                c.reservations.insert(p, o.clone());
+                pic.reservations(Watch::Applied(o));
+            }
+        }
+        Op::DropReservation(p) => {
+            if let Some(o) = c.reservations.remove(&p) {
+                pic.reservations(Watch::Deleted(o));
+            }
+        }
+        Op::Pod(p, PodIs::Gone) => {
+            if let Some(o) = c.pods.remove(&p) {
+                pic.pods(Watch::Deleted(o));
+            }
+        }
+        Op::Pod(p, is) => {
+            let mut o = pod(p, &is);
+            o.metadata.resource_version = c.rv();
+            c.pods.insert(p, o.clone());
+            pic.pods(Watch::Applied(o));
+        }
+        Op::Claim(p, i, s) => {
+            let name = format!("{}-{s}", INSTANCES[i]);
+            let spec = SlotClaimSpec {
+                instance: INSTANCES[i].into(),
+                slot: s,
+                node: NODES[0].into(),
+                epoch: 1,
+                pod: Some(PodRef {
+                    namespace: NS.into(),
+                    name: format!("p{p}"),
+                    uid: uid(p),
+                }),
+                container: Some("main".into()),
+                since: 0,
+                awaiting: None,
+                reservation: None,
+                resource_claim: None,
+            };
+            let mut o = SlotClaim::new(&name, spec);
+            o.metadata.namespace = Some(NS.into());
+            o.metadata.resource_version = c.rv();
+            c.claims.insert(name, o.clone());
+            pic.slot_claims(Watch::Applied(o));
+        }
+        Op::Unclaim(i, s) => {
+            if let Some(o) = c.claims.remove(&format!("{}-{s}", INSTANCES[i])) {
+                pic.slot_claims(Watch::Deleted(o));
+            }
+        }
+        Op::Cpus(n, free, holders) => {
+            if c.nodes.contains_key(NODES[n]) {
+                let cpus = free.map(|(a, b)| NodeCpus {
+                    free: BTreeMap::from([(0, a), (1, b)]),
+                    holders: (0..PODS)
+                        .filter(|p| holders & (1 << p) != 0)
+                        .map(uid)
+                        .collect(),
+                });
+                let o = c.node(n, cpus.as_ref());
+                c.nodes.insert(NODES[n].into(), o.clone());
+                pic.nodes(Watch::Applied(o));
+            }
+        }
+        Op::NodeToggle(n) => match c.nodes.remove(NODES[n]) {
+            Some(o) => pic.nodes(Watch::Deleted(o)),
+            None => {
+                let o = c.node(n, None);
+                c.nodes.insert(NODES[n].into(), o.clone());
+                pic.nodes(Watch::Applied(o));
+            }
+        },
+        Op::Relist(kind) => match kind {
+            0 => pic.instances(Watch::Relisted(c.instances.values().cloned().collect())),
+            1 => pic.slot_claims(Watch::Relisted(c.claims.values().cloned().collect())),
+            2 => pic.reservations(Watch::Relisted(c.reservations.values().cloned().collect())),
+            3 => pic.pods(Watch::Relisted(c.pods.values().cloned().collect())),
+            _ => pic.nodes(Watch::Relisted(c.nodes.values().cloned().collect())),
+        },
+        Op::Reconcile(_) => {}
+    }
+}
+
+/// One reconcile with its writes applied back; how many it wrote.
+fn reconcile(c: &mut Cluster, pic: &mut LedgerPicture, now: Millis) -> usize {
+    let writes = pic.reconcile(TTL, now);
+    let n = writes.len();
+    for w in writes {
+        let p: usize = w.name.trim_start_matches('p').parse().unwrap();
+        let mut o = w.object;
+        o.metadata.resource_version = c.rv();
+        c.reservations.insert(p, o.clone());
+        pic.reservations(Watch::Applied(o));
+    }
+    n
+}
+
+/// No slot Reserved twice; no Reserved slot claimed by another pod.
+fn check(c: &Cluster) -> Result<(), TestCaseError> {
+    let claimed: BTreeMap<String, String> = c
+        .claims
+        .values()
+        .filter_map(|cl| Some((cl.spec.slot_id(), cl.spec.pod.as_ref()?.uid.clone())))
+        .collect();
+    let mut held = BTreeSet::new();
+    for r in c.reservations.values() {
+        let Some(s) = r.status.as_ref().filter(|s| s.phase == "Reserved") else {
+            continue;
+        };
+        let consumed = s
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.starts_with("consumed"));
+        for slot in &s.slots {
+            if !consumed {
+                prop_assert!(held.insert(slot.clone()), "slot {slot} is Reserved twice");
+            }
+            if let Some(holder) = claimed.get(slot) {
+                prop_assert!(
+                    consumed || holder == &r.spec.pod.uid,
+                    "slot {slot} is Reserved for {} and claimed by {holder}",
+                    r.spec.pod.uid
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_kept_ledger_decides_what_a_rebuild_decides(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut c = Cluster::default();
+        let mut pic = LedgerPicture::default();
+        for (n, name) in NODES.iter().enumerate() {
+            let o = c.node(n, None);
+            c.nodes.insert((*name).into(), o);
+        }
+        pic.nodes(Watch::Relisted(c.nodes.values().cloned().collect()));
+        pic.instances(Watch::Relisted(Vec::new()));
+        pic.slot_claims(Watch::Relisted(Vec::new()));
+        pic.reservations(Watch::Relisted(Vec::new()));
+        pic.pods(Watch::Relisted(Vec::new()));
+        let mut now = Millis(1_000_000);
+        for op in ops {
+            if let Op::Reconcile(dt) = op {
+                now = Millis(now.0 + dt);
+                reconcile(&mut c, &mut pic, now);
+                // Its own writes, read back, change nothing more.
+                let mut passes = 0;
+                while reconcile(&mut c, &mut pic, now) > 0 {
+                    passes += 1;
+                    prop_assert!(passes < 3, "the picture does not settle");
+                }
+                prop_assert_eq!(pic.dirty(), 0);
+                let differ: Vec<_> = pic
+                    .audit(TTL, now)
+                    .into_iter()
+                    .map(|w| (w.name, w.object.status))
+                    .collect();
+                prop_assert!(differ.is_empty(), "a rebuild would write {differ:?}");
+                check(&c)?;
+            } else {
+                apply(&mut c, &mut pic, op);
+            }
+        }
+    }
+}
