@@ -306,7 +306,11 @@ impl Extender {
         let mut attempt = 0;
         let target = loop {
             attempt += 1;
-            match self.write(&api, &rname, &spec).await {
+            // A pod filtered for the first time has no Reservation: when the
+            // shared watch shows none, it is created without reading first
+            // (one API round trip less); a 409 sends the retry to read.
+            let absent = attempt == 1 && self.seen.absent(&ns, &rname);
+            match self.write(&api, &rname, &spec, absent).await {
                 Ok(Written::Answered(r)) => return Ok(Some(*r)),
                 Ok(Written::Wait(target)) => break target,
                 // Lost a write race (the controller's status, another
@@ -354,15 +358,22 @@ impl Extender {
 
     /// One attempt at making the pod's Reservation ask `spec`: already
     /// answered for these candidates, or written (or left as it is) to be
-    /// waited for.
+    /// waited for. `absent`: the shared watch shows no such Reservation, so
+    /// it is created without reading it first.
     async fn write(
         &self,
         api: &Api<Reservation>,
         rname: &str,
         spec: &ReservationSpec,
+        absent: bool,
     ) -> Result<Written, kube::Error> {
         let wanted: BTreeSet<&str> = spec.candidates.iter().map(String::as_str).collect();
-        if let Some(r) = api.get_opt(rname).await? {
+        let current = if absent {
+            None
+        } else {
+            api.get_opt(rname).await?
+        };
+        if let Some(r) = current {
             let status = r.status.as_ref();
             let phase = status.map(|s| s.phase.as_str());
             let stale =

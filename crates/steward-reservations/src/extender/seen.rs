@@ -62,6 +62,14 @@ impl Seen {
         self.lock().get(&ObjectKey::new(namespace, name)).cloned()
     }
 
+    /// Whether the watch has listed every Reservation and shows none named
+    /// `namespace/name` (it may lag a write elsewhere: a create on this
+    /// belief can still meet 409).
+    pub(crate) fn absent(&self, namespace: &str, name: &str) -> bool {
+        let m = self.lock();
+        m.listed() && !m.contains(&ObjectKey::new(namespace, name))
+    }
+
     /// Woken on every change seen after this call.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

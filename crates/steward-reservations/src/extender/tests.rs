@@ -116,6 +116,78 @@ async fn prioritize_reads_past_a_picture_that_lags() {
     );
 }
 
+#[tokio::test]
+async fn a_first_filter_creates_without_reading_and_a_lagging_picture_costs_a_retry() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use steward_api::ReservationStatus;
+
+    let server = steward_testing_apiserver::ApiServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+    for crd in steward_api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    // Pod p was decided (Reserved on n2) by an earlier Filter; the picture
+    // has not seen its Reservation yet.
+    let api = Api::<Reservation>::namespaced(server.client(), "default");
+    let spec = ReservationSpec {
+        pod: PodRef {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u1".into(),
+        },
+        slots: BTreeMap::from([("cam".into(), 1)]),
+        exclusive_cpus: 0,
+        candidates: vec!["n1".into(), "n2".into()],
+        cancel: None,
+    };
+    let created = api
+        .create(&PostParams::default(), &Reservation::new("p", spec))
+        .await
+        .unwrap();
+    let mut decided = created.clone();
+    decided.status = Some(ReservationStatus {
+        phase: "Reserved".into(),
+        node: Some("n2".into()),
+        observed_generation: created.metadata.generation,
+        ..ReservationStatus::default()
+    });
+    api.replace_status("p", &PostParams::default(), &decided)
+        .await
+        .unwrap();
+    let seen = Arc::new(Seen::empty());
+    seen.apply(steward_kube::Change::Relisted(Vec::new()));
+    // No controller runs: an undecided pod waits out a short deadline, and
+    // the wait reads nothing from the API.
+    let cfg = ExtenderConfig {
+        decision_timeout: Duration::from_millis(200),
+        poll: Duration::from_secs(60),
+        shared_watch: true,
+    };
+    let ext = Extender::with_seen(server.client(), cfg, seen);
+    let args = |name: &str, uid: &str| -> ExtenderArgs {
+        serde_json::from_str(&format!(
+            r#"{{"Pod":{{"metadata":{{"name":"{name}","namespace":"default","uid":"{uid}"}},"spec":{{"containers":[{{"name":"m","resources":{{"limits":{{"steward.dev/cam":"1"}}}}}}]}}}},"Nodes":null,"NodeNames":["n1","n2"]}}"#
+        ))
+        .unwrap()
+    };
+    // The picture says p has none: created at once, refused (409), read,
+    // and answered from what the API holds.
+    server.reset_stats();
+    let r = ext.filter(&args("p", "u1")).await;
+    assert_eq!(r.node_names, Some(vec!["n2".to_owned()]), "{r:?}");
+    let st = server.stats();
+    assert_eq!(st.requests_for("create"), 1, "{:?}", st.requests);
+    assert_eq!(st.requests_for("get"), 1, "{:?}", st.requests);
+    // A pod filtered for the first time: one create, no read.
+    server.reset_stats();
+    let r = ext.filter(&args("q", "u2")).await;
+    assert_eq!(r.node_names, Some(Vec::new()), "nothing decided q: {r:?}");
+    let st = server.stats();
+    assert_eq!(st.requests_for("create"), 1, "{:?}", st.requests);
+    assert_eq!(st.requests_for("get"), 0, "{:?}", st.requests);
+    assert_eq!(st.writes_for("reservations.steward.dev"), 1);
+}
+
 #[test]
 fn a_rejection_is_split_per_node() {
     let r = per_node_reasons(
