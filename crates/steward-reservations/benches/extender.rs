@@ -148,7 +148,7 @@ async fn pod(api: &ApiServer, name: &str, resource: Option<&str>) -> Pod {
 /// shared Reservation watch and, as the baseline, reading the object every
 /// 5 ms (the protocol before the watch), interleaved pod by pod against one
 /// controller; and the floor, the same call for an unmanaged pod.
-async fn filter_latency(nodes: usize, pods: usize) {
+async fn filter_latency(nodes: usize, pods: usize) -> Duration {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
     // One Instance seen by every node, with a slot per managed pod.
     let s = stand(nodes, &[("cam".into(), 2 * pods as u32, names.clone())], 1).await;
@@ -190,9 +190,10 @@ async fn filter_latency(nodes: usize, pods: usize) {
         v.sort();
     }
     let p50 = |v: &[Duration]| pct(v, 0.5).as_secs_f64().max(1e-9);
+    let p99 = |v: &[Duration]| pct(v, 0.99).as_secs_f64().max(1e-9);
     let decided_per_s = pods as f64 / watch.iter().sum::<Duration>().as_secs_f64();
     println!(
-        "filter/{nodes} nodes n={pods} shared watch p50={:.2?} p99={:.2?} | baseline 5 ms polling p50={:.2?} p99={:.2?} | floor (unmanaged pod) p50={:.2?} p99={:.2?} | watch/baseline p50={:.2}x, watch/floor p50={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
+        "filter/{nodes} nodes n={pods} shared watch p50={:.2?} p99={:.2?} | baseline 5 ms polling p50={:.2?} p99={:.2?} | floor (unmanaged pod) p50={:.2?} p99={:.2?} | watch/baseline p50={:.2}x, watch/floor p50={:.1}x p99={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
         pct(&watch, 0.5),
         pct(&watch, 0.99),
         pct(&poll, 0.5),
@@ -201,6 +202,114 @@ async fn filter_latency(nodes: usize, pods: usize) {
         pct(&floor, 0.99),
         p50(&watch) / p50(&poll),
         p50(&watch) / p50(&floor),
+        p99(&watch) / p99(&floor),
+    );
+    s.stop.cancel();
+    pct(&floor, 0.99)
+}
+
+/// The API write no decision can avoid, measured alone: `count`
+/// Reservations (one candidate each) created on the stand-in at `rate` per
+/// second, every create its own request in flight, with `watchers` watches
+/// of all Reservations open (two controllers and two extenders watch them).
+/// Reports the create's latency and the echo (create sent → the first
+/// watcher has the object), beside `floor_p99`, the unmanaged Filter's p99
+/// measured in the same run: if one write alone is near 3× the floor, no
+/// protocol that persists a decision before answering can meet 3×.
+async fn write_probe(count: usize, rate: u32, watchers: usize, floor_p99: Duration) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    use steward_api::ReservationSpec;
+
+    let s = stand(1, &[], 0).await;
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let echoes: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let seen: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..watchers).map(|_| AtomicUsize::new(0)).collect());
+    let mut watches = Vec::new();
+    for w in 0..watchers {
+        let (sent, echoes, seen) = (sent.clone(), echoes.clone(), seen.clone());
+        let mut stream = steward_kube::follow(
+            Api::<Reservation>::all(s.api.client()),
+            watcher::Config::default(),
+        )
+        .boxed();
+        watches.push(tokio::spawn(async move {
+            while let Some(c) = stream.next().await {
+                if let steward_kube::Change::Applied(r) = c {
+                    seen[w].fetch_add(1, Ordering::Relaxed);
+                    if w == 0
+                        && let Some(at) = sent.lock().unwrap().get(&r.spec.pod.name)
+                    {
+                        echoes.lock().unwrap().push(at.elapsed());
+                    }
+                }
+            }
+        }));
+    }
+    // Every watch listed before the first write.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    let started = Instant::now();
+    let mut creates = Vec::new();
+    for i in 0..count {
+        tick.tick().await;
+        let name = format!("probe{i}");
+        let spec = ReservationSpec {
+            pod: steward_api::PodRef {
+                namespace: NS.into(),
+                name: name.clone(),
+                uid: format!("uid-{i}"),
+            },
+            slots: BTreeMap::from([("cam".to_owned(), 1)]),
+            exclusive_cpus: 0,
+            candidates: vec!["n0".into()],
+            cancel: None,
+        };
+        let api = Api::<Reservation>::namespaced(s.api.client(), NS);
+        let sent = sent.clone();
+        creates.push(tokio::spawn(async move {
+            let t = Instant::now();
+            sent.lock().unwrap().insert(name.clone(), t);
+            api.create(&PostParams::default(), &Reservation::new(&name, spec))
+                .await
+                .unwrap();
+            t.elapsed()
+        }));
+    }
+    let mut lat = Vec::new();
+    for c in creates {
+        lat.push(c.await.unwrap());
+    }
+    let offered = started.elapsed();
+    let until = Instant::now() + Duration::from_secs(30);
+    while seen.iter().any(|n| n.load(Ordering::Relaxed) < count) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let delivered: Vec<usize> = seen.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+    for w in watches {
+        w.abort();
+    }
+    lat.sort();
+    let mut echo = echoes.lock().unwrap().clone();
+    echo.sort();
+    let ratio = |d: Duration| d.as_secs_f64() / floor_p99.as_secs_f64().max(1e-9);
+    println!(
+        "write-probe creates={count} at {rate}/s (offered in {offered:.2?}) watchers={watchers} (events each {delivered:?}): create p50={:.2?} p99={:.2?} | echo to a watcher p50={:.2?} p99={:.2?} | unmanaged Filter p99 (floor) {floor_p99:.2?}: create p99 = {:.1}x floor, create+echo p99 = {:.1}x floor",
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        pct(&echo, 0.5),
+        pct(&echo, 0.99),
+        ratio(pct(&lat, 0.99)),
+        ratio(pct(&echo, 0.99)),
+    );
+    assert!(
+        delivered.iter().all(|n| *n >= count),
+        "a watcher missed a write: {delivered:?}"
     );
     s.stop.cancel();
 }
@@ -234,6 +343,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
             .await,
         );
     }
+    s.api.reset_stats();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(if pods > 200 { 120 } else { 30 });
     // Each scheduler takes every other pod; both run at once.
@@ -244,7 +354,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
         let names = names.clone();
         tasks.push(tokio::spawn(async move {
             let addr = s.extenders[sched];
-            let mut placed = 0usize;
+            let (mut placed, mut answered) = (0usize, 0usize);
             // One pass: each Filter awaits its decision, so afterwards every
             // pod is Reserved (and bound here) or Rejected.
             for p in mine {
@@ -255,6 +365,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
                     serde_json::to_vec(&json!({"Pod": p, "Nodes": null, "NodeNames": names}))
                         .unwrap();
                 let r = http(addr, "/filter", &body).await;
+                answered += 1;
                 if let Some(node) = r["NodeNames"]
                     .as_array()
                     .and_then(|a| a.first())
@@ -270,14 +381,17 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
                     placed += 1;
                 }
             }
-            placed
+            (placed, answered)
         }));
     }
-    let mut placed = 0;
+    let (mut placed, mut answered) = (0, 0);
     for t in tasks {
-        placed += t.await.unwrap();
+        let (p, a) = t.await.unwrap();
+        placed += p;
+        answered += a;
     }
     let elapsed = started.elapsed();
+    let stats = s.api.stats();
     // Over-commit: reserved slots per Instance against its capacity, and
     // every slot reserved once.
     let rs = Api::<Reservation>::namespaced(s.api.client(), NS)
@@ -317,9 +431,13 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
     let trusting = (pods as u64).min(advertised);
     let would_fail = trusting.saturating_sub(real);
     println!(
-        "race pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
+        "race pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; {answered} Filters answered = {:.0} decisions/s; API writes: {} Reservation, {} Reservation status, {} in all; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
         elapsed,
         placed as f64 / elapsed.as_secs_f64(),
+        answered as f64 / elapsed.as_secs_f64(),
+        stats.writes_for("reservations.steward.dev"),
+        stats.writes_for("reservations.steward.dev/status"),
+        stats.total_writes(),
     );
     assert_eq!(over_commit, 0, "a slot reserved twice");
     assert_eq!(
@@ -338,11 +456,14 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         if smoke {
-            filter_latency(50, 5).await;
+            let floor = filter_latency(50, 5).await;
+            write_probe(20, 300, 4, floor).await;
             race(20, 2, 2, 6, 3).await;
         } else {
             filter_latency(50, 200).await;
-            filter_latency(500, 200).await;
+            let floor = filter_latency(500, 200).await;
+            write_probe(3000, 300, 4, floor).await;
+            filter_latency(5000, 100).await;
             race(1000, 50, 2, 50, 3).await;
         }
     });
