@@ -459,6 +459,9 @@ fn main() {
             let floor = filter_latency(50, 5).await;
             write_probe(20, 300, 4, floor).await;
             race(20, 2, 2, 6, 3).await;
+        } else if std::env::var("STEWARD_BENCH_ONLY").as_deref() == Ok("race") {
+            // One section alone, e.g. to profile it.
+            race(1000, 50, 2, 50, 3).await;
         } else {
             filter_latency(50, 200).await;
             let floor = filter_latency(500, 200).await;
