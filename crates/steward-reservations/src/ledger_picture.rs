@@ -392,9 +392,9 @@ impl LedgerPicture {
             .collect()
     }
 
-    /// The writes a ledger rebuilt from every object would make now,
-    /// besides nothing changed here; empty when the kept ledger agrees
-    /// with the objects. O(everything).
+    /// The writes a ledger rebuilt from every object would make now, pods
+    /// still waiting to be looked at aside: empty when the kept ledger
+    /// agrees with the objects. Changes nothing; O(everything).
     pub fn audit(&self, ttl_ms: u64, now: Millis) -> Vec<Write> {
         if !self.ready() {
             return Vec::new();
