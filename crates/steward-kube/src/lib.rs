@@ -14,7 +14,10 @@
 //!   (client-go's algorithm), for components that must have one writer.
 //! * [`serves`] / [`dra_served`]: whether the cluster serves a kind, asked
 //!   once before using it, so an older cluster gets one clear line.
+//! * [`client::connect`]: a client whose requests name the component
+//!   (`User-Agent: steward-<component>/<version> (<instance>)`).
 
+pub mod client;
 mod events;
 pub mod lease;
 mod mirror;

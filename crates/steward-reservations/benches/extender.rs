@@ -109,13 +109,22 @@ async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas:
         let mut cfg = ControllerConfig::new("steward-system", &format!("c{r}"));
         cfg.resync = Duration::from_millis(200);
         cfg.lease.retry_period = Duration::from_millis(200);
-        tokio::spawn(run(api.client(), cfg, stop.clone()));
+        // Each component names itself, as the binaries do, so the
+        // stand-in's counters tell them apart.
+        let ua = steward_kube::client::user_agent("controller", Some(&format!("c{r}")));
+        tokio::spawn(run(
+            api.client_with_user_agent(&ua).unwrap(),
+            cfg,
+            stop.clone(),
+        ));
     }
     let mut extenders = Vec::new();
-    for _ in 0..replicas {
+    for r in 0..replicas {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         extenders.push(listener.local_addr().unwrap());
-        let ext = Arc::new(Extender::new(api.client(), ExtenderConfig::default()));
+        let ua = steward_kube::client::user_agent("extender", Some(&format!("e{r}")));
+        let client = api.client_with_user_agent(&ua).unwrap();
+        let ext = Arc::new(Extender::new(client, ExtenderConfig::default()));
         tokio::spawn(server::serve(listener, ext, stop.clone()));
     }
     // Wait for a leader: the first Filter would otherwise measure the
@@ -438,6 +447,32 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
         stats.writes_for("reservations.steward.dev"),
         stats.writes_for("reservations.steward.dev/status"),
         stats.total_writes(),
+    );
+    // What the race cost the API server, per pod filtered (the controllers
+    // and extenders of both replicas together).
+    let per_pod = |n: u64| n as f64 / pods as f64;
+    let mut cost = Vec::new();
+    for c in ["steward-controller", "steward-extender"] {
+        cost.push(format!(
+            "{c} {:.1} requests ({:.1} writes), {:.1} watch events ({:.1} KB)",
+            per_pod(stats.requests_by(c)),
+            per_pod(
+                ["create", "update", "patch", "delete"]
+                    .iter()
+                    .map(|v| stats.requests_by_verb(c, v))
+                    .sum()
+            ),
+            per_pod(stats.watch_events_by(c)),
+            per_pod(stats.watch_bytes_by(c)) / 1000.0,
+        ));
+    }
+    println!(
+        "race api cost per pod filtered ({pods} pods, 2 replicas each): {}",
+        cost.join("; ")
+    );
+    assert!(
+        stats.requests_by("steward-controller") > 0,
+        "the controllers named themselves"
     );
     assert_eq!(over_commit, 0, "a slot reserved twice");
     assert_eq!(

@@ -129,7 +129,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             configurations_file: file,
         }
     } else {
-        let client = kube::Client::try_default()
+        let client = steward_kube::client::connect("agent", Some(&args.node_name))
             .await
             .context("connecting to the Kubernetes API (use --standalone to run without one)")?;
         Mode::Kubernetes(client)

@@ -54,7 +54,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.lease_duration
     );
     anyhow::ensure!(!args.identity.is_empty(), "--identity must not be empty");
-    let client = kube::Client::try_default()
+    let client = steward_kube::client::connect("controller", Some(&args.identity))
         .await
         .context("connecting to the API server")?;
     let mut cfg = ControllerConfig::new(&args.lease_namespace, &args.identity);

@@ -22,7 +22,7 @@ pub struct ExtenderArgs {
 }
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
+    let client = steward_kube::client::connect("extender", None)
         .await
         .context("connecting to the API server")?;
     let listener = tokio::net::TcpListener::bind(args.listen)

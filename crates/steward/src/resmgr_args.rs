@@ -75,7 +75,7 @@ impl ManagerArgs {
         cfg.verify_interval = self.verify_interval;
         cfg.pod_resources_socket = self.pod_resources_socket;
         if let (true, Some(node)) = (self.cluster, self.node_name) {
-            let client = kube::Client::try_default()
+            let client = steward_kube::client::connect("resmgr", Some(&node))
                 .await
                 .context("connecting to the Kubernetes API for --cluster")?;
             let mut cluster = ClusterConfig::new(client, node);

@@ -694,6 +694,19 @@ async fn the_binaries_export_every_metric_the_alerts_and_dashboard_use_and_promt
     let nri = scrape_until("nri-plugin", nri_addr, &resmgr_names).await;
     let proxy = scrape_until("cri-proxy", proxy_addr, &resmgr_names).await;
 
+    // Each binary names itself to the API server.
+    let version = env!("CARGO_PKG_VERSION");
+    let agents = cluster.server.stats().user_agents;
+    for ua in [
+        format!("steward-agent/{version} (node-a)"),
+        format!("steward-controller/{version} (controller-0)"),
+    ] {
+        assert!(
+            agents.get(&ua).is_some_and(|n| *n > 0),
+            "no request from {ua}: {agents:?}"
+        );
+    }
+
     let mut exported = Exported::default();
     for body in [&agent, &controller, &nri, &proxy] {
         exported.add(body);
