@@ -172,18 +172,7 @@ impl ApiServer {
     /// its requests carry `Impersonate-User`, and [`Stats::access`] records
     /// what it did under that user, to check against RBAC rules.
     pub fn client_as(&self, user: &str) -> Result<kube::Client, Error> {
-        let uri: http::Uri =
-            self.inner
-                .url
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| Error::Url {
-                    url: self.inner.url.clone(),
-                    message: e.to_string(),
-                })?;
-        plain_http_client(uri, Some(user), None).map_err(|e| Error::Client {
-            url: self.inner.url.clone(),
-            source: Box::new(e),
-        })
+        self.plain_client(Some(user), None)
     }
 
     /// A client whose requests carry `User-Agent: <user_agent>`: the
@@ -191,6 +180,16 @@ impl ApiServer {
     /// ([`client_component`], [`Stats::by_client`]). [`ApiServer::client`]
     /// sends no `User-Agent` (component `""`).
     pub fn client_with_user_agent(&self, user_agent: &str) -> Result<kube::Client, Error> {
+        self.plain_client(None, Some(user_agent))
+    }
+
+    /// A plain-HTTP client to this server, impersonating `user` and naming
+    /// itself `user_agent` when given.
+    fn plain_client(
+        &self,
+        user: Option<&str>,
+        user_agent: Option<&str>,
+    ) -> Result<kube::Client, Error> {
         let uri: http::Uri =
             self.inner
                 .url
@@ -199,7 +198,7 @@ impl ApiServer {
                     url: self.inner.url.clone(),
                     message: e.to_string(),
                 })?;
-        plain_http_client(uri, None, Some(user_agent)).map_err(|e| Error::Client {
+        plain_http_client(uri, user, user_agent).map_err(|e| Error::Client {
             url: self.inner.url.clone(),
             source: Box::new(e),
         })

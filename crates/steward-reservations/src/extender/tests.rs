@@ -57,8 +57,10 @@ fn huge_asks_saturate_instead_of_overflowing() {
 
 /// Prioritize on a replica whose picture lags: it still has the
 /// Reservation as Requested while the API has it Reserved on n2.
-#[tokio::test]
-async fn prioritize_reads_past_a_picture_that_lags() {
+/// A stand-in with steward's CRDs and pod p's Reservation decided
+/// Reserved on n2 (of candidates n1, n2); the Reservation as created,
+/// before its status.
+async fn reserved_on_n2() -> (steward_testing_apiserver::ApiServer, Reservation) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use steward_api::ReservationStatus;
 
@@ -93,6 +95,12 @@ async fn prioritize_reads_past_a_picture_that_lags() {
     api.replace_status("p", &PostParams::default(), &decided)
         .await
         .unwrap();
+    (server, created)
+}
+
+#[tokio::test]
+async fn prioritize_reads_past_a_picture_that_lags() {
+    let (server, created) = reserved_on_n2().await;
     let seen = Arc::new(Seen::empty());
     seen.apply(steward_kube::Change::Relisted(vec![created]));
     let ext = Extender::with_seen(server.client(), ExtenderConfig::default(), seen);
@@ -118,42 +126,9 @@ async fn prioritize_reads_past_a_picture_that_lags() {
 
 #[tokio::test]
 async fn a_first_filter_creates_without_reading_and_a_lagging_picture_costs_a_retry() {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use steward_api::ReservationStatus;
-
-    let server = steward_testing_apiserver::ApiServer::start().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
-    for crd in steward_api::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
     // Pod p was decided (Reserved on n2) by an earlier Filter; the picture
     // has not seen its Reservation yet.
-    let api = Api::<Reservation>::namespaced(server.client(), "default");
-    let spec = ReservationSpec {
-        pod: PodRef {
-            namespace: "default".into(),
-            name: "p".into(),
-            uid: "u1".into(),
-        },
-        slots: BTreeMap::from([("cam".into(), 1)]),
-        exclusive_cpus: 0,
-        candidates: vec!["n1".into(), "n2".into()],
-        cancel: None,
-    };
-    let created = api
-        .create(&PostParams::default(), &Reservation::new("p", spec))
-        .await
-        .unwrap();
-    let mut decided = created.clone();
-    decided.status = Some(ReservationStatus {
-        phase: "Reserved".into(),
-        node: Some("n2".into()),
-        observed_generation: created.metadata.generation,
-        ..ReservationStatus::default()
-    });
-    api.replace_status("p", &PostParams::default(), &decided)
-        .await
-        .unwrap();
+    let (server, _) = reserved_on_n2().await;
     let seen = Arc::new(Seen::empty());
     seen.apply(steward_kube::Change::Relisted(Vec::new()));
     // No controller runs: an undecided pod waits out a short deadline, and
