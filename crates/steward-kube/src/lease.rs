@@ -16,7 +16,12 @@
 //!
 //! Leadership is published on a `watch` channel; a consumer that sees
 //! `false` must stop acting on it at once.
+//!
+//! A leader can say more about itself in the Lease's annotations
+//! ([`LeaseConfig::annotations`], e.g. where it answers requests): they are
+//! written with every acquire and renewal and removed when it releases.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -44,6 +49,9 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// Between attempts (and renewals).
     pub retry_period: Duration,
+    /// Annotations the holder writes on the Lease while it holds it (and
+    /// removes on release).
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl LeaseConfig {
@@ -56,6 +64,7 @@ impl LeaseConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            annotations: BTreeMap::new(),
         }
     }
 }
@@ -134,6 +143,8 @@ impl Candidate {
                 metadata: ObjectMeta {
                     name: Some(self.cfg.name.clone()),
                     namespace: Some(self.cfg.namespace.clone()),
+                    annotations: (!self.cfg.annotations.is_empty())
+                        .then(|| self.cfg.annotations.clone()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(self.spec(None, 0)),
@@ -169,6 +180,13 @@ impl Candidate {
             return Attempt::Taken;
         }
         let transitions = spec.lease_transitions.unwrap_or(0);
+        if !self.cfg.annotations.is_empty() {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.cfg.annotations.clone());
+        }
         lease.spec = Some(if mine {
             self.spec(spec.acquire_time, transitions)
         } else {
@@ -201,6 +219,9 @@ impl Candidate {
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
+        if let Some(a) = lease.metadata.annotations.as_mut() {
+            a.retain(|k, _| !self.cfg.annotations.contains_key(k));
+        }
         spec.renew_time = Some(MicroTime(Timestamp::now()));
         if let Err(e) = self
             .api

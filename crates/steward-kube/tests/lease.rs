@@ -151,3 +151,42 @@ async fn a_leader_that_finds_another_holder_steps_down_at_once() {
     );
     task_a.abort();
 }
+
+/// The holder's annotations are on the Lease while it holds it, replaced
+/// by the successor's, and gone once the last holder releases it.
+#[tokio::test]
+async fn the_holder_annotates_the_lease_and_removes_it_on_release() {
+    let api = server().await;
+    let leases = Api::<Lease>::namespaced(api.client(), NS);
+    let annotated = |id: &str| {
+        let mut c = config(id);
+        c.annotations
+            .insert("steward.dev/endpoint".into(), format!("http://{id}:1"));
+        c
+    };
+    let endpoint = |l: &Lease| {
+        l.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("steward.dev/endpoint").cloned())
+    };
+    let stop_a = CancellationToken::new();
+    let (mut a, task_a) = elect(api.client(), annotated("a"), stop_a.clone());
+    until(&mut a, true, Duration::from_secs(5)).await;
+    let held = leases.get("steward-controller").await.unwrap();
+    assert_eq!(endpoint(&held).as_deref(), Some("http://a:1"));
+
+    let stop_b = CancellationToken::new();
+    let (mut b, task_b) = elect(api.client(), annotated("b"), stop_b.clone());
+    stop_a.cancel();
+    task_a.await.unwrap();
+    until(&mut b, true, Duration::from_secs(5)).await;
+    let held = leases.get("steward-controller").await.unwrap();
+    assert_eq!(endpoint(&held).as_deref(), Some("http://b:1"));
+
+    stop_b.cancel();
+    task_b.await.unwrap();
+    let released = leases.get("steward-controller").await.unwrap();
+    assert_eq!(endpoint(&released), None, "released, yet still annotated");
+    assert_eq!(released.spec.unwrap().holder_identity, None);
+}
