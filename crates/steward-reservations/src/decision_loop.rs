@@ -6,7 +6,13 @@
 //! DeviceClasses of [`crate::deviceclass`]), and it stops the moment it is
 //! no longer leader (the deciding task is dropped mid-flight; a write it had
 //! sent either landed — and is what the next leader restores — or did not).
+//!
+//! With [`ControllerConfig::decide`], every replica also serves the direct
+//! path ([`crate::direct`]): the leader takes extenders' asks, writes each
+//! ask itself, decides it in the same loop as every other change and
+//! answers once the decision is written.
 
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt as _, StreamExt};
@@ -17,14 +23,30 @@ use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use steward_api::{API_VERSION, Instance, Reservation, SlotClaim};
 use steward_core::Millis;
+use steward_core::reservation::reservation_name;
 use steward_kube::lease::{LeaseConfig, elect};
 use steward_kube::{EventSink, follow};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::ask::{self, Current, Written};
+use crate::direct::ENDPOINT_ANNOTATION;
+use crate::direct::pending::{Ask, Outcome, Pending};
+use crate::direct::server::DecideHandle;
 use crate::ledger_picture::{LedgerPicture, Write};
 use crate::metrics::ControllerMetrics;
+
+/// Where a replica serves the direct path ([`crate::direct`]).
+#[derive(Debug, Clone)]
+pub struct DecideConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// The URL extenders reach it at, written in the Lease while leading;
+    /// `None`: `http://` and the address bound (which must then be a
+    /// specific one, not 0.0.0.0).
+    pub advertise: Option<String>,
+}
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -47,6 +69,9 @@ pub struct ControllerConfig {
     /// Where leadership and the Reservations by phase are reported
     /// (unregistered by default).
     pub metrics: ControllerMetrics,
+    /// Serve the direct path there (`None`, the default: extenders use
+    /// the API path only).
+    pub decide: Option<DecideConfig>,
 }
 
 impl ControllerConfig {
@@ -60,6 +85,7 @@ impl ControllerConfig {
             audit: Duration::from_secs(300),
             device_classes: false,
             metrics: ControllerMetrics::default(),
+            decide: None,
         }
     }
 }
@@ -69,7 +95,14 @@ impl ControllerConfig {
 pub enum ControllerError {
     #[error("the leader election task failed: {0}")]
     Election(#[from] tokio::task::JoinError),
+    #[error("listening for direct decisions on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("--decide-advertise is needed: {0} is not an address extenders can reach")]
+    Advertise(SocketAddr),
 }
+
+/// Asks queued for the decision loop at most; more are answered 503.
+const ASK_QUEUE: usize = 4096;
 
 fn now() -> Millis {
     let ms = SystemTime::now()
@@ -86,10 +119,45 @@ pub async fn run(
     cfg: ControllerConfig,
     stop: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let (mut leading, election) = elect(client.clone(), cfg.lease.clone(), stop.clone());
+    let mut lease = cfg.lease.clone();
+    let (asks, mut asked) = mpsc::channel(ASK_QUEUE);
+    let listener = match &cfg.decide {
+        Some(d) => {
+            let listener = tokio::net::TcpListener::bind(d.listen)
+                .await
+                .map_err(|e| ControllerError::Listen(d.listen, e))?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| ControllerError::Listen(d.listen, e))?;
+            let url = match &d.advertise {
+                Some(url) => url.clone(),
+                None if bound.ip().is_unspecified() => {
+                    return Err(ControllerError::Advertise(bound));
+                }
+                None => format!("http://{bound}"),
+            };
+            tracing::info!(listen = %bound, advertise = %url, "serving direct decisions");
+            lease.annotations.insert(ENDPOINT_ANNOTATION.into(), url);
+            Some(listener)
+        }
+        None => None,
+    };
+    let (mut leading, election) = elect(client.clone(), lease, stop.clone());
     // Aborting this task (a crash) takes the election down with it: no
     // orphaned renewals keep a dead controller's Lease alive.
     let election = AbortOnDropHandle::new(election);
+    // The same for the endpoint: its connections close with it.
+    let _endpoint = listener.map(|l| {
+        let handle = DecideHandle {
+            asks,
+            leading: leading.clone(),
+        };
+        AbortOnDropHandle::new(tokio::spawn(crate::direct::server::serve(
+            l,
+            handle,
+            stop.clone(),
+        )))
+    });
     let (events, events_task) =
         EventSink::start(client.clone(), "steward-controller", &cfg.lease.identity);
     let events_task = AbortOnDropHandle::new(events_task);
@@ -105,7 +173,7 @@ pub async fn run(
         );
         cfg.metrics.leading.set(1);
         let ended = tokio::select! {
-            () = decide(client.clone(), &cfg, events.clone()) => false,
+            () = decide(client.clone(), &cfg, events.clone(), &mut asked) => false,
             () = device_classes(client.clone(), cfg.device_classes, events.clone()) => false,
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
@@ -140,7 +208,12 @@ async fn lost(leading: &mut watch::Receiver<bool>) {
 }
 
 /// Follows the cluster and writes decisions; never returns on its own.
-async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink) {
+async fn decide(
+    client: kube::Client,
+    cfg: &ControllerConfig,
+    events: EventSink,
+    asks: &mut mpsc::Receiver<Ask>,
+) {
     let all = watcher::Config::default;
     let mut instances = follow(Api::<Instance>::all(client.clone()), all()).boxed();
     let mut claims = follow(Api::<SlotClaim>::all(client.clone()), all()).boxed();
@@ -152,19 +225,28 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
     let mut picture = LedgerPicture::default();
     let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut audited = tokio::time::Instant::now();
+    // Asks whose Reservation is being written, and those then waiting for
+    // their decision.
+    let (asked, mut written) = mpsc::unbounded_channel();
+    let mut pending = Pending::default();
     loop {
         let ticked = tokio::select! {
             Some(c) = instances.next() => { picture.instances(c); false }
             Some(c) = claims.next() => { picture.slot_claims(c); false }
-            Some(c) = reservations.next() => { picture.reservations(c); false }
+            Some(c) = reservations.next() => { seen(&mut picture, &mut pending, c); false }
             Some(c) = pods.next() => { picture.pods(c); false }
             Some(c) = nodes.next() => { picture.nodes(c); false }
+            Some(a) = asks.recv() => { write_ask(&client, &picture, a, &asked); false }
+            Some((a, w)) = written.recv() => { wait_for(&mut picture, &mut pending, a, w); false }
             _ = tick.tick() => true,
         };
         // Take everything already waiting before deciding, so a burst is
         // one batch.
         while let Some(Some(c)) = reservations.next().now_or_never() {
-            picture.reservations(c);
+            seen(&mut picture, &mut pending, c);
+        }
+        while let Ok((a, w)) = written.try_recv() {
+            wait_for(&mut picture, &mut pending, a, w);
         }
         let at = now();
         let rebuilds = picture.rebuilds();
@@ -185,9 +267,16 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
             .buffer_unordered(WRITES_IN_FLIGHT);
         while let Some((uid, written)) = results.next().await {
             match written {
-                Some(written) => picture.reservations(steward_kube::Change::Applied(written)),
+                Some(written) => seen(
+                    &mut picture,
+                    &mut pending,
+                    steward_kube::Change::Applied(written),
+                ),
                 None => picture.unwritten(&uid),
             }
+        }
+        if ticked {
+            pending.sweep();
         }
         if ticked && picture.ready() {
             // O(Reservations): once per resync, not per batch.
@@ -205,6 +294,99 @@ async fn decide(client: kube::Client, cfg: &ControllerConfig, events: EventSink)
 
 /// Status writes of one batch sent at once, at most.
 const WRITES_IN_FLIGHT: usize = 32;
+
+/// How often an ask's Reservation is written again after losing a write
+/// race (409) before the ask is answered with the error.
+const WRITE_ATTEMPTS: usize = 8;
+
+/// A Reservation as written or watched: into the picture, and to the asks
+/// it answers.
+fn seen(picture: &mut LedgerPicture, pending: &mut Pending, c: steward_kube::Change<Reservation>) {
+    if let steward_kube::Change::Applied(r) = &c
+        && pending.wants(&r.spec.pod.uid)
+    {
+        pending.offer(r);
+    }
+    picture.reservations(c);
+}
+
+/// Writes an ask's Reservation (create or renew, as the extender would),
+/// off the loop: the result comes back on `done`.
+fn write_ask(
+    client: &kube::Client,
+    picture: &LedgerPicture,
+    a: Ask,
+    done: &mpsc::UnboundedSender<(Ask, Result<Written, kube::Error>)>,
+) {
+    let ns = a.spec.pod.namespace.clone();
+    let rname = reservation_name(&ns, &a.spec.pod.name);
+    let mut current = if picture.ready() {
+        picture
+            .reservation(&ns, &rname)
+            .map_or(Current::Absent, |r| Current::Seen(Box::new(r.clone())))
+    } else {
+        Current::Unknown
+    };
+    let api = Api::<Reservation>::namespaced(client.clone(), &ns);
+    let done = done.clone();
+    tokio::spawn(async move {
+        let mut attempt = 0;
+        let result = loop {
+            attempt += 1;
+            match ask::write(&api, &rname, &a.spec, current).await {
+                Err(kube::Error::Api(e)) if e.code == 409 && attempt < WRITE_ATTEMPTS => {
+                    tracing::debug!(reservation = %rname, attempt, "Reservation changed meanwhile; writing the ask again");
+                    current = Current::Unknown;
+                }
+                r => break r,
+            }
+        };
+        // The loop is gone (no longer leading): the ask's caller hears so
+        // when its reply is dropped.
+        let _ = done.send((a, result));
+    });
+}
+
+/// An ask's Reservation is written: the object goes into the picture (its
+/// pod is decided in this batch) and the ask waits for the decision.
+fn wait_for(
+    picture: &mut LedgerPicture,
+    pending: &mut Pending,
+    a: Ask,
+    result: Result<Written, kube::Error>,
+) {
+    let uid = a.spec.pod.uid.clone();
+    match result {
+        Ok(Written::Answered(r)) => {
+            let _ = a.reply.send(Outcome::Decided(r));
+        }
+        Ok(Written::Wait { target, written }) => {
+            pending.wait(uid.clone(), target, a.reply);
+            match written {
+                Some(w) => seen(picture, pending, steward_kube::Change::Applied(*w)),
+                // Left as it was: whatever decides it, look at it now.
+                None => {
+                    let ns = &a.spec.pod.namespace;
+                    if let Some(r) = picture
+                        .reservation(ns, &reservation_name(ns, &a.spec.pod.name))
+                        .cloned()
+                    {
+                        pending.offer(&r);
+                    }
+                    picture.unwritten(&uid);
+                }
+            }
+        }
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            let _ = a.reply.send(Outcome::Refused(e.message));
+        }
+        Err(e) => {
+            let _ = a.reply.send(Outcome::Failed(format!(
+                "writing the pod's Reservation failed: {e}"
+            )));
+        }
+    }
+}
 
 /// Compares the kept ledger with one rebuilt from every object; where they
 /// differ, says so and rebuilds.

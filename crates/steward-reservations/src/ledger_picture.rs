@@ -180,6 +180,11 @@ impl LedgerPicture {
         self.rebuilds
     }
 
+    /// Reservation `namespace`/`name` as last seen.
+    pub fn reservation(&self, namespace: &str, name: &str) -> Option<&Reservation> {
+        self.reservations.get(&ObjectKey::new(namespace, name))
+    }
+
     /// Pods waiting to be looked at again.
     pub fn dirty(&self) -> usize {
         self.dirty.len()

@@ -16,11 +16,14 @@
 //!   Prioritize over HTTP; Filter creates the pod's Reservation and awaits
 //!   the controller's decision within a bound.
 
+mod ask;
 pub mod decision_loop;
 pub mod deviceclass;
+pub mod direct;
 pub mod extender;
+mod http;
 pub mod ledger_picture;
 pub mod metrics;
 
-pub use decision_loop::{ControllerConfig, ControllerError, run};
+pub use decision_loop::{ControllerConfig, ControllerError, DecideConfig, run};
 pub use metrics::ControllerMetrics;

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
 
-use common::{NS, Stand, stand_opts};
+use common::{CONTROLLER_AGENT, EXTENDER_AGENT, NS, Stand, direct, stand_opts};
 
 async fn stand(capacity: u32) -> Stand {
     stand_with(capacity, &[]).await
@@ -27,7 +27,12 @@ async fn stand(capacity: u32) -> Stand {
 /// [`stand`] with Node annotations in place before the controller starts
 /// (its first list sees them: no race with a later patch).
 async fn stand_with(capacity: u32, annotations: &[(&str, &str, String)]) -> Stand {
-    stand_opts(capacity, annotations, true, ExtenderConfig::default()).await
+    stand_opts(capacity, annotations, true, direct()).await
+}
+
+/// [`stand`] with the extender on the API path only (no direct asks).
+async fn stand_api_path(capacity: u32) -> Stand {
+    stand_opts(capacity, &[], true, ExtenderConfig::default()).await
 }
 
 /// One HTTP/1.1 exchange, as a plain client writes it.
@@ -79,7 +84,54 @@ async fn bind(api: &ApiServer, pod: &str, node: &str) {
 
 #[tokio::test]
 async fn a_shared_device_is_placed_once_per_slot_and_a_retry_asks_anew() {
+    placed_once_per_slot(stand(2).await).await;
+    let s = stand_api_path(2).await;
+    assert_eq!(s.extender.leader_endpoint(), None);
+    placed_once_per_slot(s).await;
+}
+
+/// The extender asks the leader: it writes no Reservation itself, and the
+/// leader writes each ask and its decision.
+#[tokio::test]
+async fn the_direct_path_leaves_every_reservation_write_to_the_leader() {
     let s = stand(2).await;
+    let before = s.api.stats();
+    let pod = pending_pod(&s.api, "p1", 1).await;
+    let r = filter(s.addr, &pod, &["n1", "n2", "n3", "n4"]).await;
+    let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+    assert_eq!(nodes.len(), 1, "{r}");
+    // Asked again with the same candidates: answered, nothing written.
+    let again = filter(s.addr, &pod, &["n4", "n3", "n2", "n1"]).await;
+    assert_eq!(again["NodeNames"], r["NodeNames"], "{again}");
+    let after = s.api.stats();
+    let writes = |stats: &steward_testing_apiserver::Stats, who: &str| {
+        ["create", "update", "patch", "delete"]
+            .iter()
+            .map(|v| stats.requests_by_verb(who, v))
+            .sum::<u64>()
+    };
+    assert_eq!(
+        writes(&after, EXTENDER_AGENT) - writes(&before, EXTENDER_AGENT),
+        0,
+        "the extender wrote"
+    );
+    let leader = |v: &str| {
+        after.requests_by_verb(CONTROLLER_AGENT, v) - before.requests_by_verb(CONTROLLER_AGENT, v)
+    };
+    // The ask (create) and the decision (status); the Event is a create too.
+    assert!(leader("create") >= 1, "the leader created no Reservation");
+    assert!(leader("update") >= 1, "the leader wrote no decision");
+    let written = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .get("p1")
+        .await
+        .unwrap();
+    let status = written.status.unwrap();
+    assert_eq!(status.phase, "Reserved");
+    assert_eq!(Some(status.node.unwrap()), nodes.first().cloned());
+    assert_eq!(status.observed_generation, written.metadata.generation);
+}
+
+async fn placed_once_per_slot(s: Stand) {
     let mut chosen = Vec::new();
     for name in ["p1", "p2"] {
         let pod = pending_pod(&s.api, name, 1).await;
@@ -680,6 +732,7 @@ async fn renewing_compares_candidates_as_a_set_and_survives_write_races() {
         decision_timeout: Duration::from_millis(200),
         poll: Duration::from_millis(50),
         shared_watch: true,
+        leader: None,
     };
     let s = stand_opts(1, &[], false, cfg).await;
     let (_, body) = go_args(&s.api, "args-nodenames.json").await;

@@ -29,19 +29,20 @@ mod seen;
 pub mod server;
 pub mod wire;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use steward_api::{PodRef, Reservation, ReservationSpec};
 use steward_core::reservation::reservation_name;
 use tokio_util::task::AbortOnDropHandle;
 
 use self::seen::Seen;
+use crate::ask::{self, Current, Written, answered};
+use crate::direct::client::{Answer, Leader};
+use crate::direct::wire::DecideRequest;
 
 pub use asks::{AskError, PodAsks, cpu_request, pod_asks, slot_request};
 
@@ -65,6 +66,17 @@ pub struct ExtenderConfig {
     /// every `poll`, the protocol before the watch (kept as the benchmark's
     /// baseline).
     pub shared_watch: bool,
+    /// Ask the controller that leads on this Lease directly
+    /// ([`crate::direct`]), falling back to the API path when it does not
+    /// answer; `None`: the API path only.
+    pub leader: Option<LeaderLease>,
+}
+
+/// The controller's election Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderLease {
+    pub namespace: String,
+    pub name: String,
 }
 
 impl Default for ExtenderConfig {
@@ -73,6 +85,7 @@ impl Default for ExtenderConfig {
             decision_timeout: Duration::from_secs(2),
             poll: Duration::from_millis(250),
             shared_watch: true,
+            leader: None,
         }
     }
 }
@@ -86,6 +99,8 @@ pub struct Extender {
     seen: Arc<Seen>,
     /// Stops that watch when the last clone is dropped (`None`: no watch).
     _watch: Option<Arc<AbortOnDropHandle<()>>>,
+    /// The leading controller, asked directly.
+    leader: Option<Arc<Leader>>,
 }
 
 /// The most slots of one Instance a Reservation holds (the CRD's bound).
@@ -97,6 +112,9 @@ pub const MAX_CANDIDATES: usize = 5000;
 /// How often Filter writes the pod's Reservation again after losing a
 /// write race (409) before answering an error.
 const WRITE_ATTEMPTS: usize = 8;
+/// Of the decision timeout, what the direct path leaves the API path when
+/// the leader does not answer at all.
+const FALLBACK_RESERVE: Duration = Duration::from_millis(250);
 
 /// Why a Filter could not be answered from a decision.
 #[derive(Debug, thiserror::Error)]
@@ -111,29 +129,6 @@ pub enum FilterError {
     Refused(String),
 }
 
-/// The Reservation object a Filter waits for the decision of: a picture
-/// that still shows an older object (deleted and created anew) or an
-/// older spec (renewed) is not taken for its answer.
-#[derive(Debug, Default)]
-struct Target {
-    uid: Option<String>,
-    generation: Option<i64>,
-}
-
-impl Target {
-    fn of(r: &Reservation) -> Self {
-        Self {
-            uid: r.metadata.uid.clone(),
-            generation: r.metadata.generation,
-        }
-    }
-
-    fn matches(&self, r: &Reservation) -> bool {
-        (self.uid.is_none() || r.metadata.uid == self.uid)
-            && r.metadata.generation >= self.generation
-    }
-}
-
 impl Extender {
     /// Starts the shared Reservation watch (on the current tokio runtime).
     pub fn new(client: kube::Client, cfg: ExtenderConfig) -> Self {
@@ -143,12 +138,23 @@ impl Extender {
         } else {
             (Arc::new(Seen::empty()), None)
         };
+        let leader = cfg
+            .leader
+            .as_ref()
+            .map(|l| Arc::new(Leader::follow(client.clone(), &l.namespace, &l.name)));
         Self {
             client,
             cfg,
             seen,
             _watch: watch,
+            leader,
         }
+    }
+
+    /// Where the leading controller decides, as last seen (`None`: no
+    /// leader, or the direct path is off).
+    pub fn leader_endpoint(&self) -> Option<String> {
+        self.leader.as_ref().and_then(|l| l.endpoint())
     }
 
     /// An extender waiting on `seen` as it is (tests: a picture that lags).
@@ -159,6 +165,7 @@ impl Extender {
             cfg,
             seen,
             _watch: None,
+            leader: None,
         }
     }
 
@@ -301,6 +308,22 @@ impl Extender {
             candidates: candidates.to_vec(),
             cancel: None,
         };
+        let deadline = tokio::time::Instant::now() + self.cfg.decision_timeout;
+        if let Some(leader) = &self.leader {
+            let budget = self.cfg.decision_timeout.saturating_sub(FALLBACK_RESERVE);
+            let ask = DecideRequest {
+                spec: spec.clone(),
+                timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+            };
+            match leader.decide(&ask).await {
+                Ok(Answer::Decided(r)) => return Ok(Some(*r)),
+                Ok(Answer::Undecided) => return Ok(None),
+                Ok(Answer::Refused(why)) => return Err(FilterError::Refused(why)),
+                Err(e) => {
+                    tracing::debug!(reservation = %rname, error = %e, "asking through the API instead");
+                }
+            }
+        }
         // Subscribed before anything is written: no decision is missed.
         let mut changed = self.seen.subscribe();
         let mut attempt = 0;
@@ -309,10 +332,14 @@ impl Extender {
             // A pod filtered for the first time has no Reservation: when the
             // shared watch shows none, it is created without reading first
             // (one API round trip less); a 409 sends the retry to read.
-            let absent = attempt == 1 && self.seen.absent(&ns, &rname);
-            match self.write(&api, &rname, &spec, absent).await {
+            let current = if attempt == 1 && self.seen.absent(&ns, &rname) {
+                Current::Absent
+            } else {
+                Current::Unknown
+            };
+            match ask::write(&api, &rname, &spec, current).await {
                 Ok(Written::Answered(r)) => return Ok(Some(*r)),
-                Ok(Written::Wait(target)) => break target,
+                Ok(Written::Wait { target, .. }) => break target,
                 // Lost a write race (the controller's status, another
                 // scheduler): read again and decide again.
                 Err(kube::Error::Api(e)) if e.code == 409 && attempt < WRITE_ATTEMPTS => {
@@ -325,7 +352,6 @@ impl Extender {
             }
         };
         let decided = |r: &Reservation| r.spec.pod.uid == uid && target.matches(r) && answered(r);
-        let deadline = tokio::time::Instant::now() + self.cfg.decision_timeout;
         let mut next_read = tokio::time::Instant::now() + self.cfg.poll;
         loop {
             if let Some(r) = self.seen.get(&ns, &rname).filter(|r| decided(r)) {
@@ -355,97 +381,6 @@ impl Extender {
             }
         }
     }
-
-    /// One attempt at making the pod's Reservation ask `spec`: already
-    /// answered for these candidates, or written (or left as it is) to be
-    /// waited for. `absent`: the shared watch shows no such Reservation, so
-    /// it is created without reading it first.
-    async fn write(
-        &self,
-        api: &Api<Reservation>,
-        rname: &str,
-        spec: &ReservationSpec,
-        absent: bool,
-    ) -> Result<Written, kube::Error> {
-        let wanted: BTreeSet<&str> = spec.candidates.iter().map(String::as_str).collect();
-        let current = if absent {
-            None
-        } else {
-            api.get_opt(rname).await?
-        };
-        if let Some(r) = current {
-            let status = r.status.as_ref();
-            let phase = status.map(|s| s.phase.as_str());
-            let stale =
-                r.spec.pod.uid != spec.pod.uid || matches!(phase, Some("Rejected" | "Canceled"));
-            let same_ask =
-                r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
-            let reserved_on = status
-                .filter(|_| phase == Some("Reserved"))
-                .and_then(|s| s.node.as_deref());
-            let here = reserved_on.is_some_and(|n| wanted.contains(n));
-            if here && same_ask && !stale && answered(&r) {
-                return Ok(Written::Answered(Box::new(r)));
-            }
-            // Reserved on a node the scheduler no longer offers (its bind
-            // failed, the node went unschedulable): holding it there only
-            // makes the pod fail every cycle. Released and asked anew
-            // among the nodes it can go to now.
-            let moved = reserved_on.is_some() && !here;
-            if stale || !same_ask || moved {
-                let dp = DeleteParams {
-                    preconditions: r.metadata.uid.clone().map(|u| Preconditions {
-                        uid: Some(u),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match api.delete(rname, &dp).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            } else {
-                let asked: BTreeSet<&str> = r.spec.candidates.iter().map(String::as_str).collect();
-                // kube-scheduler orders its nodes anew every cycle: the
-                // same set is the same ask, left as it is.
-                if asked == wanted || reserved_on.is_some() {
-                    return Ok(Written::Wait(Target::of(&r)));
-                }
-                let mut renewed = r;
-                renewed.spec.candidates = spec.candidates.clone();
-                let r = api.replace(rname, &PostParams::default(), &renewed).await?;
-                return Ok(Written::Wait(Target::of(&r)));
-            }
-        }
-        let mut r = Reservation::new(rname, spec.clone());
-        r.metadata = ObjectMeta {
-            name: Some(rname.to_owned()),
-            namespace: Some(spec.pod.namespace.clone()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: spec.pod.name.clone(),
-                uid: spec.pod.uid.clone(),
-                ..OwnerReference::default()
-            }]),
-            ..ObjectMeta::default()
-        };
-        match api.create(&PostParams::default(), &r).await {
-            Ok(r) => Ok(Written::Wait(Target::of(&r))),
-            // Another scheduler's Filter created it first: read it and
-            // decide again (409 is retried).
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// What one write attempt came to.
-enum Written {
-    /// Already decided for this ask and these candidates.
-    Answered(Box<Reservation>),
-    /// Wait for the controller's answer to this object.
-    Wait(Target),
 }
 
 fn source_text(e: &FilterError) -> String {
@@ -461,13 +396,6 @@ fn pod_identity(pod: &Pod) -> Option<(String, String, String)> {
         m.name.clone()?,
         m.uid.clone().filter(|u| !u.is_empty())?,
     ))
-}
-
-/// Whether the controller answered the Reservation's current spec.
-fn answered(r: &Reservation) -> bool {
-    r.status.as_ref().is_some_and(|s| {
-        s.observed_generation.is_some() && s.observed_generation == r.metadata.generation
-    }) && r.status.as_ref().is_some_and(|s| s.phase != "Requested")
 }
 
 /// The result for a decided Reservation.

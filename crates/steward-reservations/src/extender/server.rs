@@ -12,7 +12,6 @@
 //! growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts failing
 //! and once when it accepts again.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::reserve::{self, Answer, PodVerb};
 use super::{Extender, ExtenderArgs};
+use crate::http::{json, text};
 
 /// Largest request body accepted (kube-scheduler sends whole Node objects
 /// when not node-cache-capable: 5,000 nodes fit).
@@ -39,93 +39,17 @@ pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 << 20;
 /// `deploy/scheduler/` is longer).
 pub const BODY_WAIT: Duration = Duration::from_secs(2);
 
-/// First pause after a failed accept; doubled up to [`ACCEPT_BACKOFF_MAX`].
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
-/// Longest pause between accepts while they fail.
-pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+pub use crate::http::ACCEPT_BACKOFF_MAX;
 
 /// Serves `extender` on `listener` until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, extender: Arc<Extender>, stop: CancellationToken) {
     let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
-    // While accepting fails: since when, how often, the next pause.
-    let mut failing: Option<(tokio::time::Instant, u64)> = None;
-    let mut pause = ACCEPT_BACKOFF_MIN;
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                if let Some((since, failures)) = failing.take() {
-                    tracing::info!(
-                        failures,
-                        after = ?since.elapsed(),
-                        "extender accepting connections again"
-                    );
-                }
-                pause = ACCEPT_BACKOFF_MIN;
-                stream
-            }
-            Err(e) => {
-                match &mut failing {
-                    Some((_, failures)) => *failures += 1,
-                    None => {
-                        tracing::warn!(
-                            error = %e,
-                            "extender cannot accept connections; retrying with backoff (logged again when it recovers)"
-                        );
-                        failing = Some((tokio::time::Instant::now(), 1));
-                    }
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
+    crate::http::serve(listener, "extender", stop, move |req| {
         let extender = extender.clone();
         let budget = budget.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let extender = extender.clone();
-                let budget = budget.clone();
-                async move { Ok::<_, Infallible>(route(&extender, &budget, req).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
-                tracing::debug!(error = %e, "extender connection ended");
-            }
-        });
-    }
-}
-
-fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-fn text(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
-    reply(status, "text/plain; charset=utf-8", msg.into_bytes())
-}
-
-fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_vec(v) {
-        Ok(body) => reply(StatusCode::OK, "application/json", body),
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding the answer: {e}"),
-        ),
-    }
+        async move { route(&extender, &budget, req).await }
+    })
+    .await;
 }
 
 /// Why a body was not read.

@@ -1,4 +1,5 @@
 use super::*;
+use kube::api::PostParams;
 
 #[test]
 fn a_pods_slots_add_up_and_init_containers_take_the_larger() {
@@ -137,6 +138,7 @@ async fn a_first_filter_creates_without_reading_and_a_lagging_picture_costs_a_re
         decision_timeout: Duration::from_millis(200),
         poll: Duration::from_secs(60),
         shared_watch: true,
+        leader: None,
     };
     let ext = Extender::with_seen(server.client(), cfg, seen);
     let args = |name: &str, uid: &str| -> ExtenderArgs {

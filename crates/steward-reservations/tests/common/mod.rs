@@ -14,8 +14,8 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use steward_api::{Instance, InstanceSpec};
-use steward_reservations::extender::{Extender, ExtenderConfig, server};
-use steward_reservations::{ControllerConfig, run};
+use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
+use steward_reservations::{ControllerConfig, DecideConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +26,25 @@ pub struct Stand {
     pub api: ApiServer,
     /// The extender's address.
     pub addr: SocketAddr,
+    pub extender: Arc<Extender>,
     pub stop: CancellationToken,
+}
+
+/// The User-Agent components the stand's controller and extender name
+/// themselves with (the stand-in counts their requests apart).
+pub const CONTROLLER_AGENT: &str = "steward-controller";
+pub const EXTENDER_AGENT: &str = "steward-extender";
+
+/// The extender's configuration for the direct path to the stand's
+/// controller.
+pub fn direct() -> ExtenderConfig {
+    ExtenderConfig {
+        leader: Some(LeaderLease {
+            namespace: "steward-system".into(),
+            name: "steward-controller".into(),
+        }),
+        ..ExtenderConfig::default()
+    }
 }
 
 impl Drop for Stand {
@@ -88,12 +106,40 @@ pub async fn stand_opts(
     let mut cfg = ControllerConfig::new("steward-system", "c1");
     cfg.resync = Duration::from_millis(100);
     cfg.lease.retry_period = Duration::from_millis(100);
+    cfg.decide = Some(DecideConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        advertise: None,
+    });
+    let direct = controller && ext_cfg.leader.is_some();
     if controller {
-        tokio::spawn(run(api.client(), cfg, stop.clone()));
+        let client = api
+            .client_with_user_agent(&format!("{CONTROLLER_AGENT}/test (c1)"))
+            .unwrap();
+        tokio::spawn(run(client, cfg, stop.clone()));
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let ext = Arc::new(Extender::new(api.client(), ext_cfg));
-    tokio::spawn(server::serve(listener, ext, stop.clone()));
-    Stand { api, addr, stop }
+    let client = api
+        .client_with_user_agent(&format!("{EXTENDER_AGENT}/test"))
+        .unwrap();
+    let extender = Arc::new(Extender::new(client, ext_cfg));
+    tokio::spawn(server::serve(listener, extender.clone(), stop.clone()));
+    if direct {
+        // The tests of the direct path start once the extender knows the
+        // leader (before that, Filter takes the API path).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while extender.leader_endpoint().is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the extender never learned where the leader decides"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Stand {
+        api,
+        addr,
+        extender,
+        stop,
+    }
 }

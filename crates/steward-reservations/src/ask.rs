@@ -1,0 +1,160 @@
+//! Asking for a pod's reservation: making its Reservation object carry the
+//! pod's ask and candidate nodes, and knowing when an object answers it.
+//!
+//! One write path for both places a pod is asked for: the extender (when
+//! no leader answers directly, [`crate::extender`]) and the leading
+//! controller serving the direct path ([`crate::decide`]). A retry after
+//! Rejected or Canceled, another pod of the same name, a changed ask or a
+//! reservation on a node the scheduler no longer offers asks anew: the old
+//! object is deleted (precondition: its UID) and a fresh one created.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
+use steward_api::{Reservation, ReservationSpec};
+
+/// The Reservation object a decision is awaited for: a picture that
+/// still shows an older object (deleted and created anew) or an older
+/// spec (renewed) is not taken for its answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    uid: Option<String>,
+    generation: Option<i64>,
+}
+
+impl Target {
+    pub(crate) fn of(r: &Reservation) -> Self {
+        Self {
+            uid: r.metadata.uid.clone(),
+            generation: r.metadata.generation,
+        }
+    }
+
+    /// Whether `r` is the awaited object (or a later spec of it).
+    pub(crate) fn matches(&self, r: &Reservation) -> bool {
+        (self.uid.is_none() || r.metadata.uid == self.uid)
+            && r.metadata.generation >= self.generation
+    }
+}
+
+/// Whether the controller answered the Reservation's current spec.
+pub(crate) fn answered(r: &Reservation) -> bool {
+    r.status.as_ref().is_some_and(|s| {
+        s.observed_generation.is_some()
+            && s.observed_generation == r.metadata.generation
+            && s.phase != "Requested"
+    })
+}
+
+/// What is known of the pod's Reservation before writing.
+#[derive(Debug)]
+pub(crate) enum Current {
+    /// Nothing is known: read it first.
+    Unknown,
+    /// A picture shows none: create without reading (a 409 says otherwise).
+    Absent,
+    /// As a picture shows it (a stale picture gets a 409).
+    Seen(Box<Reservation>),
+}
+
+/// What one write attempt came to.
+#[derive(Debug)]
+pub(crate) enum Written {
+    /// Already decided for this ask and these candidates.
+    Answered(Box<Reservation>),
+    /// Wait for the controller's answer to this object; `written` is the
+    /// object as the write returned it (`None`: left as it was).
+    Wait {
+        target: Target,
+        written: Option<Box<Reservation>>,
+    },
+}
+
+/// One attempt at making the pod's Reservation `rname` ask `spec`:
+/// already answered for these candidates, or written (or left as it is)
+/// to be waited for. A 409 means another writer got there first: read
+/// again ([`Current::Unknown`]) and try again.
+pub(crate) async fn write(
+    api: &Api<Reservation>,
+    rname: &str,
+    spec: &ReservationSpec,
+    current: Current,
+) -> Result<Written, kube::Error> {
+    let wanted: BTreeSet<&str> = spec.candidates.iter().map(String::as_str).collect();
+    let current = match current {
+        Current::Unknown => api.get_opt(rname).await?,
+        Current::Absent => None,
+        Current::Seen(r) => Some(*r),
+    };
+    if let Some(r) = current {
+        let status = r.status.as_ref();
+        let phase = status.map(|s| s.phase.as_str());
+        let stale =
+            r.spec.pod.uid != spec.pod.uid || matches!(phase, Some("Rejected" | "Canceled"));
+        let same_ask = r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
+        let reserved_on = status
+            .filter(|_| phase == Some("Reserved"))
+            .and_then(|s| s.node.as_deref());
+        let here = reserved_on.is_some_and(|n| wanted.contains(n));
+        if here && same_ask && !stale && answered(&r) {
+            return Ok(Written::Answered(Box::new(r)));
+        }
+        // Reserved on a node the scheduler no longer offers (its bind
+        // failed, the node went unschedulable): holding it there only
+        // makes the pod fail every cycle. Released and asked anew among
+        // the nodes it can go to now.
+        let moved = reserved_on.is_some() && !here;
+        if stale || !same_ask || moved {
+            let dp = DeleteParams {
+                preconditions: r.metadata.uid.clone().map(|u| Preconditions {
+                    uid: Some(u),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(rname, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            let asked: BTreeSet<&str> = r.spec.candidates.iter().map(String::as_str).collect();
+            // kube-scheduler orders its nodes anew every cycle: the same
+            // set is the same ask, left as it is.
+            if asked == wanted || reserved_on.is_some() {
+                return Ok(Written::Wait {
+                    target: Target::of(&r),
+                    written: None,
+                });
+            }
+            let mut renewed = r;
+            renewed.spec.candidates = spec.candidates.clone();
+            let r = api.replace(rname, &PostParams::default(), &renewed).await?;
+            return Ok(Written::Wait {
+                target: Target::of(&r),
+                written: Some(Box::new(r)),
+            });
+        }
+    }
+    let mut r = Reservation::new(rname, spec.clone());
+    r.metadata = ObjectMeta {
+        name: Some(rname.to_owned()),
+        namespace: Some(spec.pod.namespace.clone()),
+        owner_references: Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: spec.pod.name.clone(),
+            uid: spec.pod.uid.clone(),
+            ..OwnerReference::default()
+        }]),
+        ..ObjectMeta::default()
+    };
+    // Another writer's create first is a 409: read it and decide again.
+    let r = api.create(&PostParams::default(), &r).await?;
+    Ok(Written::Wait {
+        target: Target::of(&r),
+        written: Some(Box::new(r)),
+    })
+}

@@ -1,0 +1,171 @@
+//! The extender's side of the direct path: where the leader answers
+//! (followed on the election Lease, one object), and the call.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::StatusCode;
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::runtime::watcher;
+use steward_api::Reservation;
+use steward_kube::{Change, follow};
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::wire::{DECIDE_PATH, DecideRequest, ENDPOINT_ANNOTATION};
+
+/// Largest answer read (one Reservation object).
+const MAX_ANSWER: usize = 4 << 20;
+
+/// What the leader answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// The pod's Reservation, decided for the ask.
+    Decided(Box<Reservation>),
+    /// The ask is written, the decision did not come in time.
+    Undecided,
+    /// The API server refused the Reservation as written.
+    Refused(String),
+}
+
+/// Why the leader gave no answer: the extender asks through the API
+/// instead.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    #[error("no leader says where it decides")]
+    NoLeader,
+    #[error("{0} does not lead")]
+    NotLeading(String),
+    #[error("the leader at {0} cannot decide now: {1}")]
+    Unavailable(String, String),
+    #[error("reaching the leader at {0}: {1}")]
+    Transport(String, String),
+    #[error("the leader at {0} failed: {1}")]
+    Failed(String, String),
+}
+
+/// The leader's endpoint, as the election Lease says, and a kept-alive
+/// connection pool to it.
+pub struct Leader {
+    endpoint: watch::Receiver<Option<String>>,
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+    _follow: AbortOnDropHandle<()>,
+}
+
+impl std::fmt::Debug for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leader")
+            .field("endpoint", &*self.endpoint.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The endpoint a Lease names: its annotation, while someone holds it.
+pub fn endpoint_of(lease: &Lease) -> Option<String> {
+    let held = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_some_and(|h| !h.is_empty());
+    held.then(|| {
+        lease
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(ENDPOINT_ANNOTATION)
+            .cloned()
+    })
+    .flatten()
+}
+
+impl Leader {
+    /// Follows Lease `namespace`/`name` (on the current tokio runtime).
+    pub fn follow(client: kube::Client, namespace: &str, name: &str) -> Self {
+        let (tx, rx) = watch::channel(None);
+        let api = Api::<Lease>::namespaced(client, namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let name = name.to_owned();
+        let task = tokio::spawn(async move {
+            let mut changes = follow(api, config).boxed();
+            while let Some(c) = changes.next().await {
+                let now = match c {
+                    Change::Relisted(all) => all.iter().find_map(endpoint_of),
+                    Change::Applied(l) => endpoint_of(&l),
+                    Change::Deleted(_) => None,
+                    Change::Interrupted(_) => continue,
+                };
+                tx.send_if_modified(|e| {
+                    let changed = *e != now;
+                    if changed {
+                        tracing::info!(lease = %name, endpoint = ?now, "the decision leader moved");
+                    }
+                    *e = now;
+                    changed
+                });
+            }
+        });
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_millis(500)));
+        Self {
+            endpoint: rx,
+            http: HttpClient::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(http),
+            _follow: AbortOnDropHandle::new(task),
+        }
+    }
+
+    /// Where the leader decides, as last seen.
+    pub fn endpoint(&self) -> Option<String> {
+        self.endpoint.borrow().clone()
+    }
+
+    /// Asks the leader to decide `ask`, waiting at most `ask.timeout_ms`
+    /// (and a little for the answer to travel).
+    pub async fn decide(&self, ask: &DecideRequest) -> Result<Answer, DirectError> {
+        let endpoint = self.endpoint().ok_or(DirectError::NoLeader)?;
+        let transport = |e: String| DirectError::Transport(endpoint.clone(), e);
+        let body = serde_json::to_vec(ask).map_err(|e| transport(e.to_string()))?;
+        let req = hyper::Request::post(format!("{}{DECIDE_PATH}", endpoint.trim_end_matches('/')))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| transport(e.to_string()))?;
+        let within = Duration::from_millis(ask.timeout_ms) + Duration::from_millis(500);
+        let resp = tokio::time::timeout(within, self.http.request(req))
+            .await
+            .map_err(|_| transport(format!("no answer within {within:?}")))?
+            .map_err(|e| transport(e.to_string()))?;
+        let status = resp.status();
+        let body = tokio::time::timeout(
+            within,
+            http_body_util::Limited::new(resp.into_body(), MAX_ANSWER).collect(),
+        )
+        .await
+        .map_err(|_| transport("the answer did not finish".into()))?
+        .map_err(|e| transport(e.to_string()))?
+        .to_bytes();
+        let said = || String::from_utf8_lossy(&body).trim().to_owned();
+        match status {
+            StatusCode::OK => serde_json::from_slice::<Reservation>(&body)
+                .map(|r| Answer::Decided(Box::new(r)))
+                .map_err(|e| {
+                    DirectError::Failed(endpoint.clone(), format!("unreadable answer: {e}"))
+                }),
+            StatusCode::ACCEPTED => Ok(Answer::Undecided),
+            StatusCode::UNPROCESSABLE_ENTITY => Ok(Answer::Refused(said())),
+            StatusCode::MISDIRECTED_REQUEST => Err(DirectError::NotLeading(endpoint)),
+            StatusCode::SERVICE_UNAVAILABLE => Err(DirectError::Unavailable(endpoint, said())),
+            _ => Err(DirectError::Failed(
+                endpoint,
+                format!("{status}: {}", said()),
+            )),
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! The direct path: the extender asks the leading controller for a pod's
+//! decision over HTTP instead of through the API server's watches.
+//!
+//! ```text
+//! kube-scheduler ─Filter─► extender ─POST /v1/decide─► leading controller
+//!                              ▲                           │ writes the ask (create / renew)
+//!                              │                           │ decides it in its kept ledger
+//!                              │                           │ writes the decision (status)
+//!                              └──────── the object ◄──────┘ only once both landed
+//! ```
+//!
+//! The leader writes its endpoint in the election Lease
+//! ([`ENDPOINT_ANNOTATION`]); extenders follow that one object
+//! ([`client::Leader`]). Every guarantee of the API path holds: the leader
+//! is the only writer of decisions, a decision is answered only once it is
+//! persisted (a successor starts from exactly what was), and writes are
+//! conditional on the resourceVersion they were decided from. What goes
+//! away are two watch hops (the ask reaching the controller, the decision
+//! reaching the extender) and, with them, the fan-out latency of every
+//! other watcher. When no leader answers (none elected yet, a failover,
+//! an older controller), the extender falls back to the API path.
+
+pub mod client;
+pub(crate) mod pending;
+pub mod server;
+pub mod wire;
+
+pub use wire::ENDPOINT_ANNOTATION;
