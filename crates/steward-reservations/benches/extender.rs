@@ -2,11 +2,12 @@
 //! stand-in with the real controller and extender over HTTP.
 //!
 //! * `filter/<n> nodes`: the latency Filter adds per scheduling cycle for a
-//!   pod asking for a slot, with `n` candidate nodes: waiting for the
-//!   decision on the shared Reservation watch, against the baseline of
-//!   reading the object every 5 ms (the earlier protocol) in the same run,
-//!   and the floor of the same HTTP call for a pod steward does not manage
-//!   (no Reservation, no wait).
+//!   pod asking for a slot, with `n` candidate nodes: asking the leading
+//!   controller directly (the direct path), against the baseline of the
+//!   API path (the extender writes the Reservation and waits for the
+//!   decision on its shared watch) in the same run, and the floor of the
+//!   same HTTP call for a pod steward does not manage (no Reservation, no
+//!   wait).
 //! * `race`: shared Instances, two "schedulers" (concurrent Filter + bind
 //!   loops, each with its own extender) and two controller replicas; every
 //!   pod is filtered until it gets a node or the round ends. Counts
@@ -31,8 +32,8 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 use steward_api::{Instance, InstanceSpec, Reservation};
-use steward_reservations::extender::{Extender, ExtenderConfig, server};
-use steward_reservations::{ControllerConfig, run};
+use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
+use steward_reservations::{ControllerConfig, DecideConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -65,6 +66,18 @@ struct Stand {
     api: ApiServer,
     extenders: Vec<SocketAddr>,
     stop: CancellationToken,
+}
+
+/// The extender's configuration: the direct path to the controllers'
+/// leader, or (`direct` false) the API path alone.
+fn ext_cfg(direct: bool) -> ExtenderConfig {
+    ExtenderConfig {
+        leader: direct.then(|| LeaderLease {
+            namespace: "steward-system".into(),
+            name: "steward-controller".into(),
+        }),
+        ..ExtenderConfig::default()
+    }
 }
 
 async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas: usize) -> Stand {
@@ -109,6 +122,10 @@ async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas:
         let mut cfg = ControllerConfig::new("steward-system", &format!("c{r}"));
         cfg.resync = Duration::from_millis(200);
         cfg.lease.retry_period = Duration::from_millis(200);
+        cfg.decide = Some(DecideConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            advertise: None,
+        });
         // Each component names itself, as the binaries do, so the
         // stand-in's counters tell them apart.
         let ua = steward_kube::client::user_agent("controller", Some(&format!("c{r}")));
@@ -124,12 +141,16 @@ async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas:
         extenders.push(listener.local_addr().unwrap());
         let ua = steward_kube::client::user_agent("extender", Some(&format!("e{r}")));
         let client = api.client_with_user_agent(&ua).unwrap();
-        let ext = Arc::new(Extender::new(client, ExtenderConfig::default()));
-        tokio::spawn(server::serve(listener, ext, stop.clone()));
+        let ext = Arc::new(Extender::new(client, ext_cfg(replicas > 0)));
+        tokio::spawn(server::serve(listener, ext.clone(), stop.clone()));
+        // Wait for a leader the extender knows: the first Filter would
+        // otherwise measure the election.
+        let until = Instant::now() + Duration::from_secs(30);
+        while ext.leader_endpoint().is_none() {
+            assert!(Instant::now() < until, "no leader said where it decides");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
-    // Wait for a leader: the first Filter would otherwise measure the
-    // election.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     Stand {
         api,
         extenders,
@@ -153,32 +174,32 @@ async fn pod(api: &ApiServer, name: &str, resource: Option<&str>) -> Pod {
         .unwrap()
 }
 
-/// Filter latency with `nodes` candidates for a managed pod, waiting on the
-/// shared Reservation watch and, as the baseline, reading the object every
-/// 5 ms (the protocol before the watch), interleaved pod by pod against one
-/// controller; and the floor, the same call for an unmanaged pod.
+/// Filter latency with `nodes` candidates for a managed pod, asking the
+/// leader directly and, as the baseline, on the API path (the extender
+/// writes the Reservation and waits on its shared watch), interleaved pod
+/// by pod against one controller; and the floor, the same call for an
+/// unmanaged pod.
 async fn filter_latency(nodes: usize, pods: usize) -> Duration {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
     // One Instance seen by every node, with a slot per managed pod.
     let s = stand(nodes, &[("cam".into(), 2 * pods as u32, names.clone())], 1).await;
-    let watching = s.extenders[0];
+    let direct = s.extenders[0];
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let polling = listener.local_addr().unwrap();
-    let baseline = ExtenderConfig {
-        shared_watch: false,
-        poll: Duration::from_millis(5),
-        ..ExtenderConfig::default()
-    };
+    let api_path = listener.local_addr().unwrap();
+    let ua = steward_kube::client::user_agent("extender", Some("api-path"));
     tokio::spawn(server::serve(
         listener,
-        Arc::new(Extender::new(s.api.client(), baseline)),
+        Arc::new(Extender::new(
+            s.api.client_with_user_agent(&ua).unwrap(),
+            ext_cfg(false),
+        )),
         s.stop.clone(),
     ));
     let (mut watch, mut poll, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..pods {
         for (addr, name, out) in [
-            (watching, format!("w{i}"), &mut watch),
-            (polling, format!("p{i}"), &mut poll),
+            (direct, format!("d{i}"), &mut watch),
+            (api_path, format!("a{i}"), &mut poll),
         ] {
             let p = pod(&s.api, &name, Some("steward.dev/cam")).await;
             let body =
@@ -186,13 +207,17 @@ async fn filter_latency(nodes: usize, pods: usize) -> Duration {
             let t = Instant::now();
             let r = http(addr, "/filter", &body).await;
             out.push(t.elapsed());
-            assert_eq!(r["NodeNames"].as_array().map(Vec::len), Some(1), "{r}");
+            assert_eq!(
+                r["NodeNames"].as_array().map(Vec::len),
+                Some(1),
+                "{name}: {r}"
+            );
         }
         let q = pod(&s.api, &format!("q{i}"), None).await;
         let body =
             serde_json::to_vec(&json!({"Pod": q, "Nodes": null, "NodeNames": names})).unwrap();
         let t = Instant::now();
-        let _ = http(watching, "/filter", &body).await;
+        let _ = http(direct, "/filter", &body).await;
         floor.push(t.elapsed());
     }
     for v in [&mut watch, &mut poll, &mut floor] {
@@ -202,16 +227,17 @@ async fn filter_latency(nodes: usize, pods: usize) -> Duration {
     let p99 = |v: &[Duration]| pct(v, 0.99).as_secs_f64().max(1e-9);
     let decided_per_s = pods as f64 / watch.iter().sum::<Duration>().as_secs_f64();
     println!(
-        "filter/{nodes} nodes n={pods} shared watch p50={:.2?} p99={:.2?} | baseline 5 ms polling p50={:.2?} p99={:.2?} | floor (unmanaged pod) p50={:.2?} p99={:.2?} | watch/baseline p50={:.2}x, watch/floor p50={:.1}x p99={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
+        "filter/{nodes} nodes n={pods} direct p50={:.2?} p99={:.2?} | baseline API path p50={:.2?} p99={:.2?} | floor (unmanaged pod) p50={:.2?} p99={:.2?} | direct/floor p50={:.1}x p99={:.1}x, API path/floor p50={:.1}x p99={:.1}x; {decided_per_s:.0} reservations decided/s (sequential)",
         pct(&watch, 0.5),
         pct(&watch, 0.99),
         pct(&poll, 0.5),
         pct(&poll, 0.99),
         pct(&floor, 0.5),
         pct(&floor, 0.99),
-        p50(&watch) / p50(&poll),
         p50(&watch) / p50(&floor),
         p99(&watch) / p99(&floor),
+        p50(&poll) / p50(&floor),
+        p99(&poll) / p99(&floor),
     );
     s.stop.cancel();
     pct(&floor, 0.99)
@@ -484,6 +510,12 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
 }
 
 fn main() {
+    if std::env::var_os("STEWARD_BENCH_TRACE").is_some() {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let smoke = std::env::var_os("STEWARD_BENCH_SMOKE").is_some();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -237,7 +237,7 @@ async fn decide(
             Some(c) = pods.next() => { picture.pods(c); false }
             Some(c) = nodes.next() => { picture.nodes(c); false }
             Some(a) = asks.recv() => { write_ask(&client, &picture, a, &asked); false }
-            Some((a, w)) = written.recv() => { wait_for(&mut picture, &mut pending, a, w); false }
+            Some((a, w, relists)) = written.recv() => { wait_for(&mut picture, &mut pending, a, w, relists); false }
             _ = tick.tick() => true,
         };
         // Take everything already waiting before deciding, so a burst is
@@ -245,8 +245,8 @@ async fn decide(
         while let Some(Some(c)) = reservations.next().now_or_never() {
             seen(&mut picture, &mut pending, c);
         }
-        while let Ok((a, w)) = written.try_recv() {
-            wait_for(&mut picture, &mut pending, a, w);
+        while let Ok((a, w, relists)) = written.try_recv() {
+            wait_for(&mut picture, &mut pending, a, w, relists);
         }
         let at = now();
         let rebuilds = picture.rebuilds();
@@ -262,21 +262,29 @@ async fn decide(
         let mut results = futures::stream::iter(writes)
             .map(|w| {
                 let uid = w.object.spec.pod.uid.clone();
-                write(&client, &events, w).map(move |r| (uid, r))
+                let key = (w.namespace.clone(), w.name.clone());
+                write(&client, &events, w).map(move |r| (uid, key, r))
             })
             .buffer_unordered(WRITES_IN_FLIGHT);
-        while let Some((uid, written)) = results.next().await {
+        while let Some((uid, (ns, name), written)) = results.next().await {
             match written {
-                Some(written) => seen(
-                    &mut picture,
-                    &mut pending,
-                    steward_kube::Change::Applied(written),
-                ),
-                None => picture.unwritten(&uid),
+                Wrote::Done(written) => own(&mut picture, &mut pending, *written),
+                Wrote::Gone => {
+                    picture.reservation_gone(&ns, &name);
+                    picture.unwritten(&uid);
+                }
+                Wrote::Not => picture.unwritten(&uid),
             }
         }
         if ticked {
             pending.sweep();
+            let gave_up = picture.forget_expected(Millis(at.0.saturating_sub(ECHO_WAIT_MS)));
+            if gave_up > 0 {
+                tracing::warn!(
+                    reservations = gave_up,
+                    "the watch never brought this controller's own writes of some Reservations; following their events again"
+                );
+            }
         }
         if ticked && picture.ready() {
             // O(Reservations): once per resync, not per batch.
@@ -310,14 +318,27 @@ fn seen(picture: &mut LedgerPicture, pending: &mut Pending, c: steward_kube::Cha
     picture.reservations(c);
 }
 
+/// A status as this controller's write returned it.
+fn own(picture: &mut LedgerPicture, pending: &mut Pending, r: Reservation) {
+    if pending.wants(&r.spec.pod.uid) {
+        pending.offer(&r);
+    }
+    picture.written(r, now());
+}
+
+/// Longest a write's watch event is awaited before its key's events are
+/// taken again.
+const ECHO_WAIT_MS: u64 = 30_000;
+
 /// Writes an ask's Reservation (create or renew, as the extender would),
 /// off the loop: the result comes back on `done`.
 fn write_ask(
     client: &kube::Client,
     picture: &LedgerPicture,
     a: Ask,
-    done: &mpsc::UnboundedSender<(Ask, Result<Written, kube::Error>)>,
+    done: &mpsc::UnboundedSender<(Ask, Result<Written, kube::Error>, u64)>,
 ) {
+    let relists = picture.relists();
     let ns = a.spec.pod.namespace.clone();
     let rname = reservation_name(&ns, &a.spec.pod.name);
     let mut current = if picture.ready() {
@@ -343,7 +364,7 @@ fn write_ask(
         };
         // The loop is gone (no longer leading): the ask's caller hears so
         // when its reply is dropped.
-        let _ = done.send((a, result));
+        let _ = done.send((a, result, relists));
     });
 }
 
@@ -354,6 +375,7 @@ fn wait_for(
     pending: &mut Pending,
     a: Ask,
     result: Result<Written, kube::Error>,
+    relists: u64,
 ) {
     let uid = a.spec.pod.uid.clone();
     match result {
@@ -362,19 +384,19 @@ fn wait_for(
         }
         Ok(Written::Wait { target, written }) => {
             pending.wait(uid.clone(), target, a.reply);
-            match written {
-                Some(w) => seen(picture, pending, steward_kube::Change::Applied(*w)),
-                // Left as it was: whatever decides it, look at it now.
-                None => {
-                    let ns = &a.spec.pod.namespace;
-                    if let Some(r) = picture
-                        .reservation(ns, &reservation_name(ns, &a.spec.pod.name))
-                        .cloned()
-                    {
-                        pending.offer(&r);
-                    }
-                    picture.unwritten(&uid);
+            let applied = written.is_some_and(|w| picture.written_ask(*w, relists, now()));
+            if !applied {
+                // The picture shows this object already (its watch event
+                // came first, and it may be decided already) or the ask
+                // left it as it was: answer from it, and look at it again.
+                let ns = &a.spec.pod.namespace;
+                if let Some(r) = picture
+                    .reservation(ns, &reservation_name(ns, &a.spec.pod.name))
+                    .cloned()
+                {
+                    pending.offer(&r);
                 }
+                picture.unwritten(&uid);
             }
         }
         Err(kube::Error::Api(e)) if e.code == 422 => {
@@ -413,9 +435,18 @@ fn audit(picture: &mut LedgerPicture, ttl_ms: u64, at: Millis, metrics: &Control
     picture.invalidate();
 }
 
+/// What a status write came to.
+enum Wrote {
+    Done(Box<Reservation>),
+    /// The object is gone.
+    Gone,
+    /// Not written (a conflict, the API failing): decided again.
+    Not,
+}
+
 /// Writes one status under the resourceVersion it was decided from; a
 /// conflict is left to the next rebuild (the watch brings the newer object).
-async fn write(client: &kube::Client, events: &EventSink, w: Write) -> Option<Reservation> {
+async fn write(client: &kube::Client, events: &EventSink, w: Write) -> Wrote {
     let api = Api::<Reservation>::namespaced(client.clone(), &w.namespace);
     let status = w.object.status.clone().unwrap_or_default();
     match api
@@ -448,16 +479,16 @@ async fn write(client: &kube::Client, events: &EventSink, w: Write) -> Option<Re
                     note,
                 );
             }
-            Some(written)
+            Wrote::Done(Box::new(written))
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             tracing::debug!(reservation = %w.name, "changed since read; deciding again");
-            None
+            Wrote::Not
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(kube::Error::Api(e)) if e.code == 404 => Wrote::Gone,
         Err(e) => {
             tracing::warn!(reservation = %w.name, error = %e, "writing a decision failed");
-            None
+            Wrote::Not
         }
     }
 }

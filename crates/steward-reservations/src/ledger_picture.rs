@@ -18,7 +18,7 @@
 mod proptests;
 mod rebuild;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -98,7 +98,26 @@ pub struct LedgerPicture {
     ttl_ms: u64,
     /// Full rebuilds so far.
     rebuilds: u64,
+    /// Reservations this controller wrote whose watch event has not come
+    /// yet: key → the resourceVersion written. Until it comes, the watch
+    /// can only bring older states of the object (it delivers one kind's
+    /// events in resourceVersion order), which must not move the ledger
+    /// back; resourceVersions are only compared for equality.
+    /// With the instant of the write, to give up on an echo that never
+    /// comes ([`LedgerPicture::forget_expected`]).
+    expected: HashMap<ObjectKey, (String, Millis)>,
+    /// Reservation relists so far: an ask written before the last one has
+    /// its result taken from the watch only.
+    relists: u64,
+    /// Uids of the Reservation objects deleted most recently (at most
+    /// [`RECENTLY_DELETED`]), oldest first: an ask's result naming one is
+    /// not brought back.
+    deleted: VecDeque<String>,
+    deleted_set: HashSet<String>,
 }
+
+/// How many deleted Reservation uids are remembered.
+const RECENTLY_DELETED: usize = 4096;
 
 /// A status to write.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +159,10 @@ impl Default for LedgerPicture {
             stale: true,
             ttl_ms: 0,
             rebuilds: 0,
+            expected: HashMap::new(),
+            relists: 0,
+            deleted: VecDeque::new(),
+            deleted_set: HashSet::new(),
         }
     }
 }
@@ -259,7 +282,110 @@ impl LedgerPicture {
         }
     }
 
+    /// A Reservation as this controller's own write returned it, at `now`:
+    /// applied, and its key's older watch events ignored until the watch
+    /// brings this one. Only for a write whose watch event cannot have come
+    /// yet (a status written from the object as last seen, its result taken
+    /// before the next watch event); otherwise [`LedgerPicture::written_ask`].
+    pub fn written(&mut self, r: Reservation, now: Millis) {
+        if let Some(rv) = r.metadata.resource_version.clone() {
+            self.expected.insert(ObjectKey::of(&r), (rv, now));
+        }
+        self.apply_reservation(Watch::Applied(r));
+    }
+
+    /// An ask's Reservation as its write (create or renew, made off the
+    /// decision loop) returned it: as [`LedgerPicture::written`], unless the
+    /// picture already shows that object at that spec or later (the watch
+    /// brought it first: the same object and a generation as high; the
+    /// generation grows with every spec write). Whether it was applied.
+    ///
+    /// Nor is it applied when it may be older than the picture in another
+    /// way: written before the last relist (`relists`, as
+    /// [`LedgerPicture::relists`] said when the write was sent), or naming
+    /// an object the watch showed deleted. The watch brings it then.
+    pub fn written_ask(&mut self, r: Reservation, relists: u64, now: Millis) -> bool {
+        let shown = self
+            .reservations
+            .get(&ObjectKey::of(&r))
+            .is_some_and(|seen| {
+                seen.metadata.uid == r.metadata.uid
+                    && seen.metadata.generation >= r.metadata.generation
+            });
+        let deleted = r
+            .metadata
+            .uid
+            .as_ref()
+            .is_some_and(|u| self.deleted_set.contains(u));
+        let apply = !shown && !deleted && relists == self.relists;
+        if apply {
+            self.written(r, now);
+        }
+        apply
+    }
+
+    /// Reservation relists so far.
+    pub fn relists(&self) -> u64 {
+        self.relists
+    }
+
+    /// How many of this controller's writes the watch has not brought yet.
+    pub fn expected(&self) -> usize {
+        self.expected.len()
+    }
+
+    /// Gives up waiting for echoes written before `before` (the object was
+    /// deleted before its write's result was taken, so its event passed):
+    /// the watch is followed again for those keys. How many.
+    pub fn forget_expected(&mut self, before: Millis) -> usize {
+        let n = self.expected.len();
+        self.expected.retain(|_, (_, at)| *at >= before);
+        n - self.expected.len()
+    }
+
+    /// Reservation `namespace`/`name` is gone (a write found it missing).
+    pub fn reservation_gone(&mut self, namespace: &str, name: &str) {
+        let key = ObjectKey::new(namespace, name);
+        self.expected.remove(&key);
+        if let Some(r) = self.reservations.get(&key).cloned() {
+            self.apply_reservation(Watch::Deleted(r));
+        }
+    }
+
+    /// A Reservation watch change.
     pub fn reservations(&mut self, change: Watch<Reservation>) {
+        match &change {
+            Watch::Applied(r) | Watch::Deleted(r) => {
+                let key = ObjectKey::of(r);
+                if let Some((rv, _)) = self.expected.get(&key) {
+                    if r.metadata.resource_version.as_ref() != Some(rv) {
+                        // Older than what this controller wrote.
+                        return;
+                    }
+                    self.expected.remove(&key);
+                }
+            }
+            Watch::Relisted(_) => {
+                self.expected.clear();
+                self.relists += 1;
+            }
+            Watch::Interrupted(_) => {}
+        }
+        if let Watch::Deleted(r) = &change
+            && let Some(uid) = r.metadata.uid.clone()
+            && self.deleted_set.insert(uid.clone())
+        {
+            self.deleted.push_back(uid);
+            if self.deleted.len() > RECENTLY_DELETED
+                && let Some(old) = self.deleted.pop_front()
+            {
+                self.deleted_set.remove(&old);
+            }
+        }
+        self.apply_reservation(change);
+    }
+
+    fn apply_reservation(&mut self, change: Watch<Reservation>) {
         let key = match &change {
             Watch::Applied(r) | Watch::Deleted(r) => Some(ObjectKey::of(r)),
             _ => None,

@@ -24,17 +24,17 @@ use steward_core::reservation::{NODE_CPUS_ANNOTATION, reservation_name};
 use steward_reservations::extender::ExtenderConfig;
 use tokio::io::AsyncWriteExt;
 
-use common::{NS, Stand, stand_opts};
+use common::{NS, Stand, direct, stand_opts};
 
 /// Longest a peer run may take (each Filter waits for the controller).
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The extender with a decision timeout that holds under load: a slow
-/// decision must not read as "no node".
+/// The extender, asking the leader directly, with a decision timeout that
+/// holds under load: a slow decision must not read as "no node".
 fn ext_cfg() -> ExtenderConfig {
     ExtenderConfig {
         decision_timeout: Duration::from_secs(30),
-        ..ExtenderConfig::default()
+        ..direct()
     }
 }
 

@@ -317,7 +317,11 @@ impl Extender {
             };
             match leader.decide(&ask).await {
                 Ok(Answer::Decided(r)) => return Ok(Some(*r)),
-                Ok(Answer::Undecided) => return Ok(None),
+                // The ask is written; what time is left is waited for on
+                // the API path (which finds it asked already).
+                Ok(Answer::Undecided) => {
+                    tracing::debug!(reservation = %rname, "the leader did not decide in its time; waiting on the watch");
+                }
                 Ok(Answer::Refused(why)) => return Err(FilterError::Refused(why)),
                 Err(e) => {
                     tracing::debug!(reservation = %rname, error = %e, "asking through the API instead");

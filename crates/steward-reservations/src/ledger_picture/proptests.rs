@@ -11,10 +11,19 @@
 //!   decides;
 //! * no slot is Reserved twice, and no Reserved slot is claimed by another
 //!   pod.
+//!
+//! Reservation watch events lag: they queue and are delivered by
+//! [`Op::Deliver`], while the picture's own writes (decisions, and asks it
+//! writes for the direct path) are applied when their result comes, as
+//! the decision loop applies them: the expectations must keep the lagging
+//! events from moving the ledger back. Decisions are also made with
+//! events still queued ([`Op::Decide`]); writes are conditional on the
+//! resourceVersion decided from, as the API server makes them. No slot may
+//! ever be Reserved twice in what the API holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
@@ -48,8 +57,16 @@ enum Op {
     Instance(usize, u32, u8),
     DropInstance(usize),
     /// Pod `p` asks for `n` slots of Instance `i` and `cpus` exclusive
-    /// CPUs, with the candidates of the mask (a new spec generation).
-    Ask(usize, usize, u32, u32, u8),
+    /// CPUs, with the candidates of the mask (a new spec generation);
+    /// written by the picture's controller itself (the direct path) when
+    /// the flag is set: its result comes back to it like a watch event,
+    /// in either order with the event.
+    Ask(usize, usize, u32, u32, u8, bool),
+    /// The next `n` lagging Reservation events (or direct ask results)
+    /// arrive; odd: results first.
+    Deliver(u8),
+    /// The loop decides with events still queued.
+    Decide(u64),
     Unreserve(usize),
     DropReservation(usize),
     Pod(usize, PodIs),
@@ -71,8 +88,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (0..2usize, 0..4u32, 0..8u8).prop_map(|(i, c, m)| Op::Instance(i, c, m)),
         1 => (0..2usize).prop_map(Op::DropInstance),
-        3 => (0..PODS, 0..2usize, 1..3u32, 0..3u32, 1..8u8)
-            .prop_map(|(p, i, n, c, m)| Op::Ask(p, i, n, c, m)),
+        3 => (0..PODS, 0..2usize, 1..3u32, 0..3u32, 1..8u8, any::<bool>())
+            .prop_map(|(p, i, n, c, m, d)| Op::Ask(p, i, n, c, m, d)),
+        3 => (1..6u8).prop_map(Op::Deliver),
+        2 => (0..600u64).prop_map(Op::Decide),
         1 => (0..PODS).prop_map(Op::Unreserve),
         1 => (0..PODS).prop_map(Op::DropReservation),
         2 => (0..PODS, prop_oneof![
@@ -105,9 +124,35 @@ struct Cluster {
     reservations: BTreeMap<usize, Reservation>,
     claims: BTreeMap<String, SlotClaim>,
     rv: u64,
+    /// Reservation watch events not delivered yet, in order.
+    lag: VecDeque<Watch<Reservation>>,
+    /// Results of asks the controller wrote, not taken yet, with the
+    /// picture's relist count when each was written.
+    results: VecDeque<(Reservation, u64)>,
 }
 
 impl Cluster {
+    /// Delivers `n` lagging events or ask results.
+    fn deliver(&mut self, pic: &mut LedgerPicture, n: u8, now: Millis) {
+        for k in 0..n {
+            let result_first = n % 2 == 1 || k % 2 == 1;
+            if result_first && let Some((r, relists)) = self.results.pop_front() {
+                pic.written_ask(r, relists, now);
+            } else if let Some(e) = self.lag.pop_front() {
+                pic.reservations(e);
+            } else if let Some((r, relists)) = self.results.pop_front() {
+                pic.written_ask(r, relists, now);
+            }
+        }
+    }
+
+    /// Everything queued arrives.
+    fn deliver_all(&mut self, pic: &mut LedgerPicture, now: Millis) {
+        while !self.lag.is_empty() || !self.results.is_empty() {
+            self.deliver(pic, 1, now);
+        }
+    }
+
     fn rv(&mut self) -> Option<String> {
         self.rv += 1;
         Some(self.rv.to_string())
@@ -178,7 +223,7 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
                 pic.instances(Watch::Deleted(o));
             }
         }
-        Op::Ask(p, i, n, cpus, m) => {
+        Op::Ask(p, i, n, cpus, m, direct) => {
             let spec = ReservationSpec {
                 pod: PodRef {
                     namespace: NS.into(),
@@ -201,12 +246,16 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
                     let mut o = Reservation::new(&format!("p{p}"), spec);
                     o.metadata.namespace = Some(NS.into());
                     o.metadata.generation = Some(1);
+                    o.metadata.uid = Some(format!("obj-{}", c.rv + 1));
                     o
                 }
             };
             o.metadata.resource_version = c.rv();
             c.reservations.insert(p, o.clone());
-            pic.reservations(Watch::Applied(o));
+            if direct {
+                c.results.push_back((o.clone(), pic.relists()));
+            }
+            c.lag.push_back(Watch::Applied(o));
         }
         Op::Unreserve(p) => {
             if let Some(old) = c.reservations.get(&p) {
@@ -215,12 +264,13 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
                 o.metadata.generation = o.metadata.generation.map(|g| g + 1);
                 o.metadata.resource_version = c.rv();
                 c.reservations.insert(p, o.clone());
-                pic.reservations(Watch::Applied(o));
+                c.lag.push_back(Watch::Applied(o));
             }
         }
         Op::DropReservation(p) => {
-            if let Some(o) = c.reservations.remove(&p) {
-                pic.reservations(Watch::Deleted(o));
+            if let Some(mut o) = c.reservations.remove(&p) {
+                o.metadata.resource_version = c.rv();
+                c.lag.push_back(Watch::Deleted(o));
             }
         }
         Op::Pod(p, PodIs::Gone) => {
@@ -288,24 +338,41 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
         Op::Relist(kind) => match kind {
             0 => pic.instances(Watch::Relisted(c.instances.values().cloned().collect())),
             1 => pic.slot_claims(Watch::Relisted(c.claims.values().cloned().collect())),
-            2 => pic.reservations(Watch::Relisted(c.reservations.values().cloned().collect())),
+            2 => {
+                // A relist is everything up to now: what lagged is in it.
+                c.lag.clear();
+                pic.reservations(Watch::Relisted(c.reservations.values().cloned().collect()));
+            }
             3 => pic.pods(Watch::Relisted(c.pods.values().cloned().collect())),
             _ => pic.nodes(Watch::Relisted(c.nodes.values().cloned().collect())),
         },
-        Op::Reconcile(_) => {}
+        Op::Reconcile(_) | Op::Deliver(_) | Op::Decide(_) => {}
     }
 }
 
-/// One reconcile with its writes applied back; how many it wrote.
+/// One reconcile with its writes applied back as the API server and the
+/// decision loop would (conditional on the resourceVersion decided from;
+/// the result applied at once, its watch event queued); how many it wrote.
 fn reconcile(c: &mut Cluster, pic: &mut LedgerPicture, now: Millis) -> usize {
     let writes = pic.reconcile(TTL, now);
     let n = writes.len();
     for w in writes {
         let p: usize = w.name.trim_start_matches('p').parse().unwrap();
+        let uid = w.object.spec.pod.uid.clone();
+        let Some(current) = c.reservations.get(&p) else {
+            pic.reservation_gone(NS, &w.name);
+            pic.unwritten(&uid);
+            continue;
+        };
+        if current.metadata.resource_version != w.object.metadata.resource_version {
+            pic.unwritten(&uid);
+            continue;
+        }
         let mut o = w.object;
         o.metadata.resource_version = c.rv();
         c.reservations.insert(p, o.clone());
-        pic.reservations(Watch::Applied(o));
+        pic.written(o.clone(), now);
+        c.lag.push_back(Watch::Applied(o));
     }
     n
 }
@@ -360,16 +427,29 @@ proptest! {
         pic.pods(Watch::Relisted(Vec::new()));
         let mut now = Millis(1_000_000);
         for op in ops {
-            if let Op::Reconcile(dt) = op {
+            if let Op::Deliver(n) = op {
+                c.deliver(&mut pic, n, now);
+            } else if let Op::Decide(dt) = op {
                 now = Millis(now.0 + dt);
+                reconcile(&mut c, &mut pic, now);
+                check(&c)?;
+            } else if let Op::Reconcile(dt) = op {
+                now = Millis(now.0 + dt);
+                c.deliver_all(&mut pic, now);
                 reconcile(&mut c, &mut pic, now);
                 // Its own writes, read back, change nothing more.
                 let mut passes = 0;
-                while reconcile(&mut c, &mut pic, now) > 0 {
+                loop {
+                    c.deliver_all(&mut pic, now);
+                    if reconcile(&mut c, &mut pic, now) == 0 {
+                        break;
+                    }
                     passes += 1;
-                    prop_assert!(passes < 3, "the picture does not settle");
+                    prop_assert!(passes < 4, "the picture does not settle");
                 }
+                c.deliver_all(&mut pic, now);
                 prop_assert_eq!(pic.dirty(), 0);
+                prop_assert_eq!(pic.expected(), 0, "an own write's event never matched");
                 let differ: Vec<_> = pic
                     .audit(TTL, now)
                     .into_iter()

@@ -96,7 +96,14 @@ impl LedgerPicture {
             .as_ref()
             .is_some_and(|s| s.observed_generation == generation);
         let Some(pod) = self.pods.get(uid) else {
-            ledger.cancel(uid, "the pod is gone");
+            // A pod not seen yet is not a pod that is gone: an ask arrives
+            // directly or through another watch than its pod, so an ask not
+            // yet answered waits for the pod's first event (which looks at
+            // it again). Its owner reference removes it if the pod never
+            // comes. A decision whose pod is no longer there is released.
+            if answered {
+                ledger.cancel(uid, "the pod is gone");
+            }
             return;
         };
         if let Some(why) = &pod.ended {
