@@ -13,12 +13,15 @@ use clap::Parser;
 use serde_json::Value;
 use steward_testing_apiserver::kube_tools::{self, KubeTools};
 
-use crate::Cli;
+use crate::controller::ControllerArgs;
+use crate::extender::ExtenderArgs;
+use crate::{Cli, Command as Subcommand};
 
 /// The value sets CI renders: default, the resource manager as an NRI plugin
-/// and as the CRI proxy (cluster configuration), the reservation controller,
-/// the NRI plugin with a file configuration, handlers as their own
-/// DaemonSets, no RBAC (bring your own), the agent standalone (no API
+/// and as the CRI proxy (cluster configuration), the reservation controller
+/// and the extender (with the direct path's NetworkPolicy, and without the
+/// direct path), the NRI plugin with a file configuration, handlers as their
+/// own DaemonSets, no RBAC (bring your own), the agent standalone (no API
 /// server), the smallest agent, and DRA with the controller.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
@@ -33,6 +36,12 @@ const VALUE_SETS: &[&[&str]] = &[
         "controller.extraArgs={--lease-name=other}",
         "extender.enabled=true",
         "extender.decisionTimeout=500ms",
+        "controller.decide.networkPolicy.enabled=true",
+    ],
+    &[
+        "controller.enabled=true",
+        "controller.decide.enabled=false",
+        "extender.enabled=true",
     ],
     &[
         "resourceManager.enabled=true",
@@ -507,6 +516,15 @@ fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("logFormat=xml", "/logFormat"),
         ("dra.enabled=yes", "/dra/enabled"),
+        ("controller.decide.port=0", "/controller/decide/port"),
+        (
+            "controller.decide.enabled=yes",
+            "/controller/decide/enabled",
+        ),
+        (
+            "controller.decide.networkPolicy.ports=1",
+            "/controller/decide/networkPolicy",
+        ),
         (
             "agent.networkHandlerCidrs={10.0.0.0}",
             "/agent/networkHandlerCidrs/0",
@@ -517,6 +535,19 @@ fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
         assert!(!out.status.success(), "--set {set} was accepted");
         assert!(err.contains(reason), "--set {set}: {err}");
     }
+    // The controller's two listeners on one port are refused.
+    let out = run_helm(
+        t,
+        "template",
+        &["controller.enabled=true", "controller.decide.port=9466"],
+    );
+    assert!(!out.status.success(), "one port for metrics and decide");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("controller.decide.port and controller.metrics.port must differ"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Standalone without Configurations is refused.
     let out = run_helm(t, "template", &["agent.standalone.enabled=true"]);
     assert!(!out.status.success());
@@ -649,6 +680,285 @@ fn dra_reaches_the_agent_the_controller_and_their_rules_with(t: &KubeTools) {
         let text = serde_saphyr::to_string(&render(t, sets)).unwrap();
         for absent in ["--dra", "plugins_registry", "resource.k8s.io"] {
             assert!(!text.contains(absent), "{sets:?} renders {absent}");
+        }
+    }
+}
+
+/// The first container of Deployment `name`.
+fn deployment_container<'a>(objects: &'a [Value], name: &str) -> &'a Value {
+    &objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no Deployment {name}"))["spec"]["template"]["spec"]["containers"]
+        [0]
+}
+
+/// The controller container's command line as this binary reads it, in a
+/// pod whose IP is `pod_ip` (kubelet expands `$(POD_IP)`).
+fn controller_args(container: &Value, pod_ip: &str) -> ControllerArgs {
+    let mut argv = vec!["steward".to_owned()];
+    argv.extend(
+        strings(&container["args"])
+            .into_iter()
+            .map(|a| a.replace("$(POD_IP)", pod_ip)),
+    );
+    argv.push("--identity=controller-0".to_owned());
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Subcommand::Controller(args),
+            ..
+        }) => args,
+        other => panic!("steward reads {argv:?} as {other:?}"),
+    }
+}
+
+/// The extender container's command line as this binary reads it.
+fn extender_args(container: &Value) -> ExtenderArgs {
+    let mut argv = vec!["steward".to_owned()];
+    argv.extend(strings(&container["args"]));
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Subcommand::Extender(args),
+            ..
+        }) => args,
+        other => panic!("steward reads {argv:?} as {other:?}"),
+    }
+}
+
+/// The rules of `kind` `name` over `resource`: (verbs, resourceNames).
+fn rules_over(
+    objects: &[Value],
+    kind: &str,
+    name: &str,
+    resource: &str,
+) -> Vec<(Vec<String>, Vec<String>)> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| strings(&r["resources"]).iter().any(|x| x == resource))
+        .map(|r| (strings(&r["verbs"]), strings(&r["resourceNames"])))
+        .collect()
+}
+
+fn has(objects: &[Value], kind: &str, name: &str) -> bool {
+    objects
+        .iter()
+        .any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+#[test]
+fn the_direct_path_reaches_the_controller_the_extender_and_their_rules() {
+    kube_tools::each_blocking(
+        the_direct_path_reaches_the_controller_the_extender_and_their_rules_with,
+    );
+}
+
+fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &KubeTools) {
+    use steward_reservations::extender::LeaderLease;
+
+    // On by default: every controller replica listens on the decide port
+    // and advertises its pod IP, taken from the downward API.
+    let objects = render(t, &["controller.enabled=true", "extender.enabled=true"]);
+    let controller = deployment_container(&objects, "t-steward-controller");
+    let args = strings(&controller["args"]);
+    for want in [
+        "--decide-listen=0.0.0.0:8444",
+        "--decide-advertise=http://$(POD_IP):8444",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    let env = controller["env"].as_array().unwrap();
+    let pod_ip = env
+        .iter()
+        .find(|e| e["name"] == "POD_IP")
+        .expect("POD_IP in the controller's env");
+    assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    let port = controller["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "decide")
+        .expect("the controller's decide port");
+    assert_eq!(port["containerPort"], 8444);
+    assert_eq!(port["protocol"], "TCP");
+    // The controller accepts them, for an IPv4 and an IPv6 pod.
+    for (ip, url) in [
+        ("10.1.2.3", "http://10.1.2.3:8444"),
+        ("fd00::5", "http://[fd00::5]:8444"),
+    ] {
+        let decide = controller_args(controller, ip)
+            .decide()
+            .unwrap()
+            .expect("the direct path on");
+        assert_eq!(decide.listen, "0.0.0.0:8444".parse().unwrap());
+        assert_eq!(decide.advertise.as_deref(), Some(url));
+    }
+    // The extender follows the controller's Lease, in the release namespace.
+    let extender = deployment_container(&objects, "t-steward-extender");
+    assert_eq!(
+        extender_args(extender).leader(),
+        Some(LeaderLease {
+            namespace: "steward-system".into(),
+            name: "steward-controller".into(),
+        })
+    );
+    // RBAC: the leader writes the Reservations of the asks it gets; the
+    // extender reads that one Lease, in the release namespace only.
+    assert_eq!(
+        rules_over(
+            &objects,
+            "ClusterRole",
+            "t-steward-controller",
+            "reservations"
+        ),
+        [(
+            s(&["get", "list", "watch", "create", "update", "delete"]),
+            vec![]
+        )]
+    );
+    assert_eq!(
+        rules_over(&objects, "Role", "t-steward-extender-lease", "leases"),
+        [(s(&["list", "watch"]), s(&["steward-controller"]))]
+    );
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "t-steward-extender-lease")
+        .unwrap();
+    assert_eq!(role["metadata"]["namespace"], "steward-system");
+    assert_eq!(
+        strings(&role["rules"][0]["apiGroups"]),
+        ["coordination.k8s.io"]
+    );
+    let binding = objects
+        .iter()
+        .find(|o| o["kind"] == "RoleBinding" && o["metadata"]["name"] == "t-steward-extender-lease")
+        .expect("the extender's Lease RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "steward-system");
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], "t-steward-extender-lease");
+    assert_eq!(binding["subjects"][0]["name"], "t-steward-extender");
+    assert_eq!(binding["subjects"][0]["namespace"], "steward-system");
+    // No NetworkPolicy unless asked for.
+    assert!(!objects.iter().any(|o| o["kind"] == "NetworkPolicy"));
+
+    // A Lease name given to the controller is the one the extender follows
+    // and may read.
+    let objects = render(
+        t,
+        &[
+            "controller.enabled=true",
+            "extender.enabled=true",
+            "controller.extraArgs={--lease-name=other}",
+        ],
+    );
+    let leader = extender_args(deployment_container(&objects, "t-steward-extender")).leader();
+    assert_eq!(leader.map(|l| l.name).as_deref(), Some("other"));
+    assert_eq!(
+        rules_over(&objects, "Role", "t-steward-extender-lease", "leases"),
+        [(s(&["list", "watch"]), s(&["other"]))]
+    );
+
+    // Off, or no controller in the release: the extender asks through the
+    // API only, and nobody gets what the direct path needs.
+    for sets in [
+        &[
+            "controller.enabled=true",
+            "controller.decide.enabled=false",
+            "controller.decide.networkPolicy.enabled=true",
+            "extender.enabled=true",
+        ][..],
+        &["extender.enabled=true"][..],
+    ] {
+        let objects = render(t, sets);
+        let extender = deployment_container(&objects, "t-steward-extender");
+        assert!(
+            strings(&extender["args"]).contains(&"--no-direct".to_owned()),
+            "{sets:?}"
+        );
+        assert_eq!(extender_args(extender).leader(), None, "{sets:?}");
+        for (kind, name) in [
+            ("Role", "t-steward-extender-lease"),
+            ("RoleBinding", "t-steward-extender-lease"),
+            ("NetworkPolicy", "t-steward-controller"),
+        ] {
+            assert!(!has(&objects, kind, name), "{sets:?} renders {kind} {name}");
+        }
+        if has(&objects, "Deployment", "t-steward-controller") {
+            let controller = deployment_container(&objects, "t-steward-controller");
+            let text = serde_saphyr::to_string(controller).unwrap();
+            for absent in ["--decide-", "POD_IP", "decide"] {
+                assert!(!text.contains(absent), "{sets:?}: {absent} in {text}");
+            }
+            assert!(
+                controller_args(controller, "10.1.2.3")
+                    .decide()
+                    .unwrap()
+                    .is_none()
+            );
+            assert_eq!(
+                rules_over(
+                    &objects,
+                    "ClusterRole",
+                    "t-steward-controller",
+                    "reservations"
+                ),
+                [(s(&["list", "watch"]), vec![])]
+            );
+        }
+    }
+
+    // The NetworkPolicy: the decide port from the extender pods only; the
+    // metrics port (when served) from anywhere, as without it.
+    for (metrics, rules) in [(true, 2), (false, 1)] {
+        let metrics = format!("controller.metrics.enabled={metrics}");
+        let objects = render(
+            t,
+            &[
+                "controller.enabled=true",
+                "extender.enabled=true",
+                "controller.decide.networkPolicy.enabled=true",
+                &metrics,
+            ],
+        );
+        let selector = |name: &str| {
+            objects
+                .iter()
+                .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+                .unwrap()["spec"]["selector"]["matchLabels"]
+                .clone()
+        };
+        let policy = objects
+            .iter()
+            .find(|o| o["kind"] == "NetworkPolicy")
+            .expect("the NetworkPolicy");
+        assert_eq!(policy["metadata"]["name"], "t-steward-controller");
+        assert_eq!(policy["metadata"]["namespace"], "steward-system");
+        let spec = &policy["spec"];
+        assert_eq!(
+            spec["podSelector"]["matchLabels"],
+            selector("t-steward-controller")
+        );
+        assert_eq!(strings(&spec["policyTypes"]), ["Ingress"]);
+        let ingress = spec["ingress"].as_array().unwrap();
+        assert_eq!(ingress.len(), rules, "{metrics}: {ingress:?}");
+        let from = ingress[0]["from"].as_array().unwrap();
+        assert_eq!(from.len(), 1, "{from:?}");
+        assert_eq!(
+            from[0]["podSelector"]["matchLabels"],
+            selector("t-steward-extender")
+        );
+        assert_eq!(ingress[0]["ports"][0]["port"], "decide");
+        if rules == 2 {
+            assert!(ingress[1]["from"].is_null(), "{ingress:?}");
+            assert_eq!(ingress[1]["ports"][0]["port"], "metrics");
         }
     }
 }

@@ -1,11 +1,12 @@
 //! `steward controller`: the reservation controller (run two replicas; one
 //! leads on a Lease and is the only writer of decisions).
 
+use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context;
 use steward_nodeio::Readiness;
-use steward_reservations::ControllerConfig;
+use steward_reservations::{ControllerConfig, DecideConfig};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +45,48 @@ pub struct ControllerArgs {
     /// default: needs the resource.k8s.io/v1 API (Kubernetes 1.34+).
     #[arg(long)]
     dra_device_classes: bool,
+    /// Also serve `POST /v1/decide` on this address (the direct path): the
+    /// extenders follow the election Lease to the leader's URL and ask it
+    /// there, instead of writing the Reservation and waiting for its status
+    /// (they fall back to that when the leader does not answer). Every
+    /// replica listens; only the leader answers. Off when absent.
+    #[arg(long, value_name = "ADDR")]
+    decide_listen: Option<SocketAddr>,
+    /// The URL extenders reach `--decide-listen` at, written in the Lease
+    /// while leading, e.g. `http://$(POD_IP):8444` (an IPv6 address may be
+    /// given without brackets, as `$(POD_IP)` expands). Absent: `http://`
+    /// and the address bound, which must then be a specific one (not
+    /// 0.0.0.0). Needs --decide-listen.
+    #[arg(long, env = "STEWARD_DECIDE_ADVERTISE", value_name = "URL")]
+    decide_advertise: Option<String>,
+}
+
+impl ControllerArgs {
+    /// The direct path as `--decide-listen` and `--decide-advertise` ask
+    /// for it (`None`: off), refused before anything starts when it could
+    /// not work.
+    pub(crate) fn decide(&self) -> anyhow::Result<Option<DecideConfig>> {
+        let advertise = self.decide_advertise.as_deref();
+        let Some(listen) = self.decide_listen else {
+            anyhow::ensure!(
+                advertise.is_none(),
+                "--decide-advertise (or STEWARD_DECIDE_ADVERTISE) needs --decide-listen: without an address to listen on the direct path is off and nothing would be advertised"
+            );
+            return Ok(None);
+        };
+        let advertise = match advertise {
+            Some(url) => Some(advertised_url(url)?),
+            None => {
+                anyhow::ensure!(
+                    !listen.ip().is_unspecified(),
+                    "--decide-advertise is needed: --decide-listen {listen} is not an address extenders can reach (give the URL they reach this replica at, e.g. http://$(POD_IP):{})",
+                    listen.port()
+                );
+                None
+            }
+        };
+        Ok(Some(DecideConfig { listen, advertise }))
+    }
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -54,6 +97,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.lease_duration
     );
     anyhow::ensure!(!args.identity.is_empty(), "--identity must not be empty");
+    let decide = args.decide()?;
     let client = steward_kube::client::connect("controller", Some(&args.identity))
         .await
         .context("connecting to the API server")?;
@@ -64,6 +108,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.lease.retry_period = args.retry_period;
     cfg.ttl = args.reservation_ttl;
     cfg.device_classes = args.dra_device_classes;
+    cfg.decide = decide;
     let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = steward_reservations::ControllerMetrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {
@@ -80,4 +125,121 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     steward_reservations::run(client, cfg, stop)
         .await
         .context("the reservation controller")
+}
+
+/// `url` checked (`http://` and a host) and with an IPv6 host that came
+/// without brackets (`http://fd00::5:8444`, as `$(POD_IP)` expands)
+/// bracketed; the last `:` then starts the port.
+fn advertised_url(url: &str) -> anyhow::Result<String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        anyhow::bail!(
+            "--decide-advertise {url:?} must start with http:// (the extenders call the leader over plain HTTP)"
+        );
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    anyhow::ensure!(
+        !authority.is_empty(),
+        "--decide-advertise {url:?} names no host"
+    );
+    if let Some((host, port)) = authority.rsplit_once(':')
+        && host.parse::<Ipv6Addr>().is_ok()
+        && port.parse::<u16>().is_ok()
+    {
+        return Ok(format!("http://[{host}]:{port}{path}"));
+    }
+    Ok(url.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn parse(flags: &[&str]) -> ControllerArgs {
+        let mut argv = vec!["steward", "controller", "--identity=controller-0"];
+        argv.extend(flags);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Controller(args) => args,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    fn decide(flags: &[&str]) -> anyhow::Result<Option<DecideConfig>> {
+        parse(flags).decide()
+    }
+
+    #[test]
+    fn the_direct_path_is_off_without_decide_listen() {
+        assert!(decide(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn decide_listen_and_advertise_reach_the_config() {
+        let d = decide(&[
+            "--decide-listen=0.0.0.0:8444",
+            "--decide-advertise=http://10.1.2.3:8444",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(d.listen, "0.0.0.0:8444".parse().unwrap());
+        assert_eq!(d.advertise.as_deref(), Some("http://10.1.2.3:8444"));
+        // A specific address advertises itself.
+        let d = decide(&["--decide-listen=127.0.0.1:0"]).unwrap().unwrap();
+        assert!(d.advertise.is_none());
+    }
+
+    #[test]
+    fn advertise_without_listen_is_refused_with_the_reason() {
+        let err = decide(&["--decide-advertise=http://10.1.2.3:8444"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("--decide-advertise (or STEWARD_DECIDE_ADVERTISE) needs --decide-listen"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn only_http_urls_are_advertised() {
+        for bad in [
+            "https://10.1.2.3:8444",
+            "10.1.2.3:8444",
+            "http://",
+            "http:///v1",
+        ] {
+            let flag = format!("--decide-advertise={bad}");
+            let err = decide(&["--decide-listen=0.0.0.0:8444", &flag]).unwrap_err();
+            assert!(
+                err.to_string().contains("--decide-advertise"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unspecified_listen_address_needs_an_advertised_url() {
+        let err = decide(&["--decide-listen=0.0.0.0:8444"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--decide-advertise is needed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_ipv6_pod_ip_is_bracketed() {
+        for (given, want) in [
+            ("http://fd00::5:8444", "http://[fd00::5]:8444"),
+            ("http://[fd00::5]:8444", "http://[fd00::5]:8444"),
+            ("http://10.1.2.3:8444", "http://10.1.2.3:8444"),
+            (
+                "http://controller.example:8444/",
+                "http://controller.example:8444/",
+            ),
+        ] {
+            assert_eq!(advertised_url(given).unwrap(), want, "{given}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! The built-in kinds a Helm chart installs (workloads, Services, service
-//! accounts, PodDisruptionBudgets, RBAC), served with structural schemas
+//! accounts, PodDisruptionBudgets, NetworkPolicies, RBAC), served with structural schemas
 //! generated from k8s-openapi's types: a write with a field Kubernetes does not have is
 //! refused under `fieldValidation=Strict` (what `kubectl apply` asks for) and
 //! pruned otherwise, a value of the wrong type is refused, as kube-apiserver
@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use schemars::JsonSchema;
@@ -53,8 +54,8 @@ pub(crate) fn kind<T: JsonSchema>(
     rt
 }
 
-/// Service accounts, Services, DaemonSets, Deployments, PodDisruptionBudgets
-/// and RBAC (the schemas are generated once per process).
+/// Service accounts, Services, DaemonSets, Deployments, PodDisruptionBudgets,
+/// NetworkPolicies and RBAC (the schemas are generated once per process).
 pub fn kinds() -> Vec<ResourceType> {
     static KINDS: OnceLock<Vec<ResourceType>> = OnceLock::new();
     KINDS.get_or_init(generate).clone()
@@ -70,6 +71,14 @@ fn generate() -> Vec<ResourceType> {
     ds.short_names = vec!["ds".into()];
     let mut deploy = kind::<Deployment>("apps", "Deployment", "deployments", true, true);
     deploy.short_names = vec!["deploy".into()];
+    let mut netpol = kind::<NetworkPolicy>(
+        "networking.k8s.io",
+        "NetworkPolicy",
+        "networkpolicies",
+        true,
+        false,
+    );
+    netpol.short_names = vec!["netpol".into()];
     vec![
         sa,
         svc,
@@ -82,6 +91,7 @@ fn generate() -> Vec<ResourceType> {
             true,
             true,
         ),
+        netpol,
         kind::<ClusterRole>(rbac, "ClusterRole", "clusterroles", false, false),
         kind::<ClusterRoleBinding>(
             rbac,

@@ -16,9 +16,11 @@ use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
 /// Value sets applied: default, the resource manager as an NRI plugin and
-/// as the CRI proxy, the reservation controller and extender, handlers as their own DaemonSets, no RBAC, the agent
-/// standalone, and DRA (ResourceSlices and the kubelet plugin in the agent,
-/// DeviceClasses in the controller).
+/// as the CRI proxy, the reservation controller and extender (with the
+/// direct path's NetworkPolicy, and without the direct path), handlers as
+/// their own DaemonSets, no RBAC, the agent standalone, and DRA
+/// (ResourceSlices and the kubelet plugin in the agent, DeviceClasses in the
+/// controller).
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &[
@@ -29,7 +31,16 @@ const VALUE_SETS: &[&[&str]] = &[
         "resourceManager.enabled=true",
         "resourceManager.transport=cri-proxy",
     ],
-    &["controller.enabled=true", "extender.enabled=true"],
+    &[
+        "controller.enabled=true",
+        "extender.enabled=true",
+        "controller.decide.networkPolicy.enabled=true",
+    ],
+    &[
+        "controller.enabled=true",
+        "controller.decide.enabled=false",
+        "extender.enabled=true",
+    ],
     &[
         "agent.embeddedHandlers={debug-echo}",
         "discoveryHandlers.udev.enabled=true",

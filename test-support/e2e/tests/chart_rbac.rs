@@ -1,9 +1,11 @@
 //! The Helm chart grants each component what its code calls, and no
 //! component calls what the chart does not grant: the chart is rendered
-//! with a real helm, the agent and the CRI proxy run against the API server
-//! stand-in as their chart ServiceAccounts (kube's impersonation header),
-//! and every access the stand-in recorded for each is checked against the
-//! rendered RBAC rules bound to that ServiceAccount.
+//! with a real helm, the agent, the CRI proxy, the reservation controller
+//! and the scheduler extender (through the API and directly to the leader)
+//! run against the API server stand-in as their chart ServiceAccounts
+//! (kube's impersonation header), and every access the stand-in recorded
+//! for each is checked against the rendered RBAC rules bound to that
+//! ServiceAccount.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -24,8 +26,8 @@ use steward_api::{
 };
 use steward_e2e::chart::{NAMESPACE, RELEASE, documents, template};
 use steward_proto::cri::runtime::v1 as cri;
-use steward_reservations::ControllerConfig;
-use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig};
+use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig, LeaderLease};
+use steward_reservations::{ControllerConfig, DecideConfig};
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
 use steward_testing_apiserver::dra_alloc::allocate_claim;
 use steward_testing_apiserver::{Access, ApiServer};
@@ -189,6 +191,41 @@ fn a_grant_the_chart_lacks_is_caught() {
     assert!(!grants(&rules_of(&without, &controller_sa), &class_write));
     let with = render(&["controller.enabled=true", "dra.enabled=true"]);
     assert!(grants(&rules_of(&with, &controller_sa), &class_write));
+    // The direct path (controller.decide.enabled, the default): the
+    // extender reads the controller's Lease, in the release namespace only,
+    // and the controller writes Reservations; neither without it.
+    let extender_sa = format!("{RELEASE}-steward-extender");
+    let lease_watch = |ns: &str| Access {
+        namespace: Some(ns.into()),
+        ..access("watch", "coordination.k8s.io", "leases")
+    };
+    let reservation_write = access("create", "steward.dev", "reservations");
+    let direct = render(&["controller.enabled=true", "extender.enabled=true"]);
+    assert!(grants(
+        &rules_of(&direct, &extender_sa),
+        &lease_watch(NAMESPACE)
+    ));
+    assert!(!grants(
+        &rules_of(&direct, &extender_sa),
+        &lease_watch("default")
+    ));
+    assert!(grants(
+        &rules_of(&direct, &controller_sa),
+        &reservation_write
+    ));
+    let api_only = render(&[
+        "controller.enabled=true",
+        "controller.decide.enabled=false",
+        "extender.enabled=true",
+    ]);
+    assert!(!grants(
+        &rules_of(&api_only, &extender_sa),
+        &lease_watch(NAMESPACE)
+    ));
+    assert!(!grants(
+        &rules_of(&api_only, &controller_sa),
+        &reservation_write
+    ));
     // Without resourceManager.cluster the resource manager gets no
     // ServiceAccount at all, with either transport.
     for transport in ["nri", "cri-proxy"] {
@@ -543,6 +580,11 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     let mut ccfg = ControllerConfig::new(NAMESPACE, "controller-0");
     ccfg.lease.retry_period = Duration::from_millis(100);
     ccfg.device_classes = true;
+    // controller.decide.enabled (the default): the direct path.
+    ccfg.decide = Some(DecideConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        advertise: None,
+    });
     let stop_controller = CancellationToken::new();
     let controller = tokio::spawn(steward_reservations::run(
         api.client_as(&user(&controller_sa)).unwrap(),
@@ -589,6 +631,57 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         reservations.get_opt("second").await.unwrap().is_some(),
         "Filter made no Reservation"
     );
+    // The direct path, on the Lease the chart's extender flags name: Filter
+    // asks the leader, which writes the pod's Reservation.
+    let deployment = format!("{RELEASE}-steward-extender");
+    let flag = |flag: &str| {
+        let extender = objects
+            .iter()
+            .find(|o| kind(o) == "Deployment" && name(o) == deployment)
+            .expect("the extender Deployment");
+        strings(&extender["spec"]["template"]["spec"]["containers"][0]["args"])
+            .iter()
+            .find_map(|a| a.strip_prefix(&format!("--{flag}=")).map(str::to_owned))
+            .unwrap_or_else(|| panic!("the extender has no --{flag}"))
+    };
+    let lease = LeaderLease {
+        namespace: flag("leader-lease-namespace"),
+        name: flag("leader-lease-name"),
+    };
+    let direct = Extender::new(
+        api.client_as(&user(&extender_sa)).unwrap(),
+        ExtenderConfig {
+            leader: Some(lease),
+            ..ExtenderConfig::default()
+        },
+    );
+    let leader = eventually("the leader's endpoint, from its Lease", || {
+        let endpoint = direct.leader_endpoint();
+        async move { endpoint }
+    })
+    .await;
+    assert!(leader.starts_with("http://127.0.0.1:"), "{leader}");
+    let third: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "third", "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {res.clone(): "1"}}}]},
+    }))
+    .unwrap();
+    let third = Api::<Pod>::namespaced(api.client(), "default")
+        .create(&PostParams::default(), &third)
+        .await
+        .unwrap();
+    let args: ExtenderArgs = serde_json::from_value(serde_json::json!({
+        "pod": third, "nodenames": ["node-a"],
+    }))
+    .unwrap();
+    let filtered = direct.filter(&args).await;
+    assert!(filtered.error.is_empty(), "{filtered:?}");
+    assert!(
+        reservations.get_opt("third").await.unwrap().is_some(),
+        "the leader made no Reservation"
+    );
+    drop(direct);
     stop_controller.cancel();
     controller.await.unwrap().unwrap();
 
@@ -620,9 +713,11 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         "{by_extender:#?}"
     );
     assert!(did(&by_extender, "get", "reservations"), "{by_extender:#?}");
+    assert!(did(&by_extender, "watch", "leases"), "{by_extender:#?}");
     let by_controller = check(&api, &objects, &controller_sa);
     for (verb, resource) in [
         ("watch", "reservations"),
+        ("create", "reservations"),
         ("update", "reservations/status"),
         ("create", "leases"),
         ("update", "leases"),

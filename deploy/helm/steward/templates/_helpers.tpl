@@ -65,3 +65,26 @@ seccompProfile:
 {{- define "steward.resourceManagerComponent" -}}
 {{ ternary "nri-plugin" "cri-proxy" (eq .Values.resourceManager.transport "nri") }}
 {{- end -}}
+
+{{/*
+The name of the controller's election Lease (in the release namespace),
+which the extender follows to the leader for the direct path: the
+controller's default --lease-name, or the one given as
+`--lease-name=<name>` in controller.extraArgs.
+*/}}
+{{- define "steward.controllerLeaseName" -}}
+{{- $name := "steward-controller" -}}
+{{- range .Values.controller.extraArgs -}}
+{{- if hasPrefix "--lease-name=" (toString .) -}}
+{{- $name = trimPrefix "--lease-name=" (toString .) -}}
+{{- end -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* "true" when the extender asks the leading controller directly: the controller runs in this release with controller.decide.enabled. Empty otherwise (the extender gets --no-direct). */}}
+{{- define "steward.directPath" -}}
+{{- if and .Values.controller.enabled .Values.controller.decide.enabled -}}
+true
+{{- end -}}
+{{- end -}}
