@@ -9,7 +9,8 @@
 //!   same HTTP call for a pod steward does not manage (no Reservation, no
 //!   wait).
 //! * `race`: shared Instances, two "schedulers" (concurrent Filter + bind
-//!   loops, each with its own extender) and two controller replicas; every
+//!   loops, each with its own extender) and two controller replicas, on the
+//!   API path (the baseline) and then on the direct path; every
 //!   pod is filtered until it gets a node or the round ends. Counts
 //!   over-commit (more pods bound to an Instance's slots than it has) and
 //!   stuck reservations (Reserved for a pod that was never bound), both
@@ -81,6 +82,17 @@ fn ext_cfg(direct: bool) -> ExtenderConfig {
 }
 
 async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas: usize) -> Stand {
+    stand_path(nodes, instances, replicas, true).await
+}
+
+/// [`stand`] with the extenders on the direct path or (`direct` false) the
+/// API path alone.
+async fn stand_path(
+    nodes: usize,
+    instances: &[(String, u32, Vec<String>)],
+    replicas: usize,
+    direct: bool,
+) -> Stand {
     let api = ApiServer::start().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(api.client());
     for crd in steward_api::crds() {
@@ -141,15 +153,19 @@ async fn stand(nodes: usize, instances: &[(String, u32, Vec<String>)], replicas:
         extenders.push(listener.local_addr().unwrap());
         let ua = steward_kube::client::user_agent("extender", Some(&format!("e{r}")));
         let client = api.client_with_user_agent(&ua).unwrap();
-        let ext = Arc::new(Extender::new(client, ext_cfg(replicas > 0)));
+        let ext = Arc::new(Extender::new(client, ext_cfg(direct)));
         tokio::spawn(server::serve(listener, ext.clone(), stop.clone()));
         // Wait for a leader the extender knows: the first Filter would
         // otherwise measure the election.
         let until = Instant::now() + Duration::from_secs(30);
-        while ext.leader_endpoint().is_none() {
+        while direct && ext.leader_endpoint().is_none() {
             assert!(Instant::now() < until, "no leader said where it decides");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+    if !direct {
+        // No leader to wait for through the extender: wait for the Lease.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Stand {
         api,
@@ -350,7 +366,15 @@ async fn write_probe(count: usize, rate: u32, watchers: usize, floor_p99: Durati
 }
 
 /// Two schedulers, two controllers, shared Instances; see the module docs.
-async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_by: usize) {
+/// `direct`: the extenders ask the leader directly (else the API path).
+async fn race(
+    pods: usize,
+    instances: usize,
+    capacity: u32,
+    nodes: usize,
+    seen_by: usize,
+    direct: bool,
+) {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
     let insts: Vec<(String, u32, Vec<String>)> = (0..instances)
         .map(|i| {
@@ -360,7 +384,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
             (format!("cam{i}"), capacity, seen)
         })
         .collect();
-    let s = Arc::new(stand(nodes, &insts, 2).await);
+    let s = Arc::new(stand_path(nodes, &insts, 2, direct).await);
     let advertised: u64 = insts
         .iter()
         .map(|(_, c, n)| u64::from(*c) * n.len() as u64)
@@ -378,9 +402,30 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
             .await,
         );
     }
+    // The floor, under the race's load: an unmanaged pod filtered over and
+    // over beside the schedulers (steward writes nothing for it).
+    let unmanaged = pod(&s.api, "floor", None).await;
     s.api.reset_stats();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(if pods > 200 { 120 } else { 30 });
+    let racing = CancellationToken::new();
+    let floor_task = {
+        let (s, names, racing) = (s.clone(), names.clone(), racing.clone());
+        tokio::spawn(async move {
+            let body =
+                serde_json::to_vec(&json!({"Pod": unmanaged, "Nodes": null, "NodeNames": names}))
+                    .unwrap();
+            let mut lat = Vec::new();
+            while !racing.is_cancelled() {
+                let t = Instant::now();
+                let r = http(s.extenders[0], "/filter", &body).await;
+                lat.push(t.elapsed());
+                assert_eq!(r["NodeNames"].as_array().map(Vec::len), Some(names.len()));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            lat
+        })
+    };
     // Each scheduler takes every other pod; both run at once.
     let mut tasks = Vec::new();
     for sched in 0..2 {
@@ -390,6 +435,7 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
         tasks.push(tokio::spawn(async move {
             let addr = s.extenders[sched];
             let (mut placed, mut answered) = (0usize, 0usize);
+            let (mut lat, mut errors, mut undecided) = (Vec::new(), 0usize, 0usize);
             // One pass: each Filter awaits its decision, so afterwards every
             // pod is Reserved (and bound here) or Rejected.
             for p in mine {
@@ -399,8 +445,16 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
                 let body =
                     serde_json::to_vec(&json!({"Pod": p, "Nodes": null, "NodeNames": names}))
                         .unwrap();
+                let t = Instant::now();
                 let r = http(addr, "/filter", &body).await;
+                lat.push(t.elapsed());
                 answered += 1;
+                if r["Error"].as_str().is_some_and(|e| !e.is_empty()) {
+                    errors += 1;
+                }
+                if r.to_string().contains("did not decide within") {
+                    undecided += 1;
+                }
                 if let Some(node) = r["NodeNames"]
                     .as_array()
                     .and_then(|a| a.first())
@@ -416,16 +470,35 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
                     placed += 1;
                 }
             }
-            (placed, answered)
+            (placed, answered, lat, errors, undecided)
         }));
     }
     let (mut placed, mut answered) = (0, 0);
+    let (mut lat, mut errors, mut undecided) = (Vec::new(), 0, 0);
     for t in tasks {
-        let (p, a) = t.await.unwrap();
+        let (p, a, l, e, u) = t.await.unwrap();
         placed += p;
         answered += a;
+        lat.extend(l);
+        errors += e;
+        undecided += u;
     }
     let elapsed = started.elapsed();
+    racing.cancel();
+    let mut floor = floor_task.await.unwrap();
+    lat.sort();
+    floor.sort();
+    let p99 = |v: &[Duration]| pct(v, 0.99).as_secs_f64().max(1e-9);
+    println!(
+        "race ({}) Filter latency: managed p50={:.2?} p99={:.2?} | floor (unmanaged pod, filtered beside the race, n={}) p50={:.2?} p99={:.2?} | managed/floor p99={:.1}x; Filter errors {errors}, not decided in time {undecided}",
+        if direct { "direct" } else { "API path" },
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        floor.len(),
+        pct(&floor, 0.5),
+        pct(&floor, 0.99),
+        p99(&lat) / p99(&floor),
+    );
     let stats = s.api.stats();
     // Over-commit: reserved slots per Instance against its capacity, and
     // every slot reserved once.
@@ -466,7 +539,8 @@ async fn race(pods: usize, instances: usize, capacity: u32, nodes: usize, seen_b
     let trusting = (pods as u64).min(advertised);
     let would_fail = trusting.saturating_sub(real);
     println!(
-        "race pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; {answered} Filters answered = {:.0} decisions/s; API writes: {} Reservation, {} Reservation status, {} in all; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
+        "race ({}) pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; {answered} Filters answered = {:.0} decisions/s; API writes: {} Reservation, {} Reservation status, {} in all; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
+        if direct { "direct" } else { "API path" },
         elapsed,
         placed as f64 / elapsed.as_secs_f64(),
         answered as f64 / elapsed.as_secs_f64(),
@@ -525,16 +599,19 @@ fn main() {
         if smoke {
             let floor = filter_latency(50, 5).await;
             write_probe(20, 300, 4, floor).await;
-            race(20, 2, 2, 6, 3).await;
+            race(20, 2, 2, 6, 3, false).await;
+            race(20, 2, 2, 6, 3, true).await;
         } else if std::env::var("STEWARD_BENCH_ONLY").as_deref() == Ok("race") {
             // One section alone, e.g. to profile it.
-            race(1000, 50, 2, 50, 3).await;
+            race(1000, 50, 2, 50, 3, false).await;
+            race(1000, 50, 2, 50, 3, true).await;
         } else {
             filter_latency(50, 200).await;
             let floor = filter_latency(500, 200).await;
             write_probe(3000, 300, 4, floor).await;
             filter_latency(5000, 100).await;
-            race(1000, 50, 2, 50, 3).await;
+            race(1000, 50, 2, 50, 3, false).await;
+            race(1000, 50, 2, 50, 3, true).await;
         }
     });
 }

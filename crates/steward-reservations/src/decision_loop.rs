@@ -151,6 +151,7 @@ pub async fn run(
         let handle = DecideHandle {
             asks,
             leading: leading.clone(),
+            metrics: cfg.metrics.clone(),
         };
         AbortOnDropHandle::new(tokio::spawn(crate::direct::server::serve(
             l,

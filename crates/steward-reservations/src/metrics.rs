@@ -16,6 +16,27 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+/// `{outcome}`: what became of an ask on the direct path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AskLabels {
+    /// `decided`, `undecided` (not in the caller's time), `refused` (the
+    /// API server refused the Reservation), `failed` (the API server
+    /// failed), `not_leading`, `busy` (the queue was full or the loop
+    /// stopped), `bad_request`.
+    pub outcome: &'static str,
+}
+
+/// The outcomes always exported (0 when none).
+pub const ASK_OUTCOMES: [&str; 7] = [
+    "decided",
+    "undecided",
+    "refused",
+    "failed",
+    "not_leading",
+    "busy",
+    "bad_request",
+];
+
 /// The phases always exported (0 when none), so an alert on one sees a
 /// series.
 pub const PHASES: [&str; 4] = ["Requested", "Reserved", "Rejected", "Canceled"];
@@ -42,6 +63,9 @@ pub struct ControllerMetrics {
     /// status an audit found the kept ledger would not have written as a
     /// rebuild would (expected 0; each is repaired by a rebuild).
     pub audit_differences: Counter,
+    /// `steward_reservation_direct_asks_total{outcome}`: asks this replica's
+    /// decide endpoint answered, by outcome.
+    pub direct_asks: Family<AskLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -78,8 +102,21 @@ impl ControllerMetrics {
             "Reservations an audit found the kept ledger would decide otherwise than a rebuild (expected 0)",
             m.audit_differences.clone(),
         );
+        registry.register(
+            "steward_reservation_direct_asks",
+            "Asks the decide endpoint (the direct path) answered, by outcome",
+            m.direct_asks.clone(),
+        );
+        for outcome in ASK_OUTCOMES {
+            drop(m.direct_asks.get_or_create(&AskLabels { outcome }));
+        }
         m.set_phases(&[], None);
         m
+    }
+
+    /// Counts one ask answered with `outcome` (one of [`ASK_OUTCOMES`]).
+    pub fn ask(&self, outcome: &'static str) {
+        self.direct_asks.get_or_create(&AskLabels { outcome }).inc();
     }
 
     /// Sets the phase counts (phases not listed are 0) and the age of the
@@ -122,6 +159,8 @@ mod tests {
             "steward_controller_leading 0",
             "steward_reservation_ledger_rebuilds_total 0",
             "steward_reservation_audit_differences_total 0",
+            "steward_reservation_direct_asks_total{outcome=\"decided\"} 0",
+            "steward_reservation_direct_asks_total{outcome=\"not_leading\"} 0",
         ] {
             assert!(out.contains(line), "{line} missing from:\n{out}");
         }

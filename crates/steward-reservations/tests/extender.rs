@@ -129,6 +129,14 @@ async fn the_direct_path_leaves_every_reservation_write_to_the_leader() {
     assert_eq!(status.phase, "Reserved");
     assert_eq!(Some(status.node.unwrap()), nodes.first().cloned());
     assert_eq!(status.observed_generation, written.metadata.generation);
+    let asks = |outcome| {
+        s.metrics
+            .direct_asks
+            .get_or_create(&steward_reservations::metrics::AskLabels { outcome })
+            .get()
+    };
+    assert_eq!(asks("decided"), 2, "both Filters asked the leader");
+    assert_eq!(asks("not_leading") + asks("busy") + asks("failed"), 0);
 }
 
 async fn placed_once_per_slot(s: Stand) {

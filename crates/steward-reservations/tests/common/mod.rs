@@ -27,6 +27,8 @@ pub struct Stand {
     /// The extender's address.
     pub addr: SocketAddr,
     pub extender: Arc<Extender>,
+    /// The controller's metrics.
+    pub metrics: steward_reservations::ControllerMetrics,
     pub stop: CancellationToken,
 }
 
@@ -111,6 +113,7 @@ pub async fn stand_opts(
         advertise: None,
     });
     let direct = controller && ext_cfg.leader.is_some();
+    let metrics = cfg.metrics.clone();
     if controller {
         let client = api
             .client_with_user_agent(&format!("{CONTROLLER_AGENT}/test (c1)"))
@@ -140,6 +143,7 @@ pub async fn stand_opts(
         api,
         addr,
         extender,
+        metrics,
         stop,
     }
 }
