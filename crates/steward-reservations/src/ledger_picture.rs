@@ -14,6 +14,7 @@
 //! persisted. A relist rebuilds; [`LedgerPicture::audit`] rebuilds aside
 //! and reports where the kept ledger would write otherwise.
 
+mod pod_facts;
 #[cfg(test)]
 mod proptests;
 mod rebuild;
@@ -29,45 +30,8 @@ use steward_core::reservation::{
 };
 use steward_kube::{Change as Watch, Mirror, ObjectKey};
 
+pub use pod_facts::PodFacts;
 use rebuild::{Rebuilt, write_for};
-
-/// A pod as the controller needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodFacts {
-    /// `spec.nodeName`, once bound.
-    pub node: Option<String>,
-    /// Why it will never use a reservation (ended, refused by its node,
-    /// being deleted); `None` while it may.
-    pub ended: Option<String>,
-}
-
-impl PodFacts {
-    fn of(p: &Pod) -> Self {
-        let status = p.status.as_ref();
-        let phase = status.and_then(|s| s.phase.as_deref());
-        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-        let ended = if p.metadata.deletion_timestamp.is_some() {
-            Some("the pod is gone (being deleted)".to_owned())
-        } else if matches!(phase, Some("Succeeded" | "Failed")) {
-            // kubelet's admission failures (a device plugin's Allocate or
-            // the resource manager refusing) end the pod Failed with the
-            // reason, e.g. UnexpectedAdmissionError.
-            let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("");
-            let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
-            Some(match (phase, reason) {
-                (Some("Failed"), r) if !r.is_empty() => format!(
-                    "allocation failed on {}: {r}: {message}",
-                    node.as_deref().unwrap_or("its node")
-                ),
-                (Some(ph), _) => format!("the pod ended ({ph})"),
-                (None, _) => "the pod ended".to_owned(),
-            })
-        } else {
-            None
-        };
-        PodFacts { node, ended }
-    }
-}
 
 /// Every object the decisions depend on, as last seen: one
 /// [`Mirror`] per kind, each keeping only what the decisions read.
