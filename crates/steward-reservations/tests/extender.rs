@@ -835,3 +835,108 @@ fn the_extenders_bounds_are_the_reservation_crds() {
         "{rule}"
     );
 }
+
+/// The leader dies (its process gone: endpoint closed, Lease not
+/// released) between two Filters: the next Filter finds nobody at the
+/// leader's address, asks through the API and is answered by the standby
+/// once it takes the Lease; then the extender asks the new leader
+/// directly. No Filter errs and no slot is given twice.
+#[tokio::test]
+async fn a_dead_leaders_filters_go_through_the_api_until_the_standby_leads() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use steward_reservations::{ControllerConfig, DecideConfig, run};
+    use tokio_util::sync::CancellationToken;
+
+    let cfg = ExtenderConfig {
+        // Longer than the Lease takes to expire.
+        decision_timeout: Duration::from_secs(20),
+        ..direct()
+    };
+    let s = stand_opts(2, &[], false, cfg).await;
+    let stop = CancellationToken::new();
+    let mut replicas = BTreeMap::new();
+    for id in ["c1", "c2"] {
+        let mut c = ControllerConfig::new("steward-system", id);
+        c.resync = Duration::from_millis(100);
+        c.lease.lease_duration = Duration::from_secs(2);
+        c.lease.renew_deadline = Duration::from_secs(1);
+        c.lease.retry_period = Duration::from_millis(100);
+        c.decide = Some(DecideConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            advertise: None,
+        });
+        let client = s
+            .api
+            .client_with_user_agent(&format!("{CONTROLLER_AGENT}/test ({id})"))
+            .unwrap();
+        replicas.insert(id, tokio::spawn(run(client, c, stop.clone())));
+    }
+    let _stop = stop.drop_guard();
+    let known = |s: &Stand| s.extender.leader_endpoint();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while known(&s).is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = known(&s).unwrap();
+    let reserved = |r: &Value| -> String {
+        assert_eq!(r["Error"], Value::Null, "{r}");
+        let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+        assert_eq!(nodes.len(), 1, "{r}");
+        nodes[0].clone()
+    };
+    let p1 = pending_pod(&s.api, "p1", 1).await;
+    reserved(&filter(s.addr, &p1, &["n1", "n2", "n3"]).await);
+
+    // Kill the leader: its task goes with its endpoint and election, and
+    // nothing releases the Lease.
+    let holder = Api::<Lease>::namespaced(s.api.client(), "steward-system")
+        .get("steward-controller")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    replicas.remove(holder.as_str()).unwrap().abort();
+    let p2 = pending_pod(&s.api, "p2", 1).await;
+    let started = std::time::Instant::now();
+    reserved(&filter(s.addr, &p2, &["n1", "n2", "n3"]).await);
+    eprintln!(
+        "the Filter across the leader's death answered in {:?}",
+        started.elapsed()
+    );
+
+    // The extender learns where the new leader decides and asks it there:
+    // no slot is left, every node fails with the reason, and no error.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while known(&s).as_ref().is_none_or(|e| *e == first) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new leader never advertised"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p3 = pending_pod(&s.api, "p3", 1).await;
+    let r = filter(s.addr, &p3, &["n1", "n2", "n3"]).await;
+    assert_eq!(r["Error"], Value::Null, "{r}");
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    assert!(r.to_string().contains("0 of 2 slots free"), "{r}");
+
+    // Two slots, two Reserved pods, never the same slot.
+    let rs = Api::<Reservation>::namespaced(s.api.client(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let mut slots = Vec::new();
+    for r in &rs {
+        if let Some(st) = r.status.as_ref().filter(|st| st.phase == "Reserved") {
+            slots.extend(st.slots.clone());
+        }
+    }
+    slots.sort();
+    let n = slots.len();
+    slots.dedup();
+    assert_eq!((n, slots.len()), (2, 2), "{rs:?}");
+}

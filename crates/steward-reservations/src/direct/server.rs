@@ -153,3 +153,129 @@ async fn ask(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::collections::BTreeMap;
+
+    use steward_api::{PodRef, ReservationSpec};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// One exchange over a fresh connection: the status and the body.
+    async fn call(
+        addr: std::net::SocketAddr,
+        method: &'static str,
+        path: &'static str,
+        body: String,
+    ) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: leader\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+        let at = out.find("\r\n\r\n").unwrap() + 4;
+        (status, out[at..].to_owned())
+    }
+
+    fn ask(timeout_ms: u64) -> String {
+        serde_json::to_string(&DecideRequest {
+            spec: ReservationSpec {
+                pod: PodRef {
+                    namespace: "ns".into(),
+                    name: "p".into(),
+                    uid: "u".into(),
+                },
+                slots: BTreeMap::from([("cam".to_owned(), 1)]),
+                exclusive_cpus: 0,
+                candidates: vec!["n1".into()],
+                cancel: None,
+            },
+            timeout_ms,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_answer_says_what_became_of_the_ask() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (asks, mut asked) = mpsc::channel(8);
+        let (lead, leading) = watch::channel(false);
+        let metrics = ControllerMetrics::default();
+        let handle = DecideHandle {
+            asks,
+            leading,
+            metrics: metrics.clone(),
+        };
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, handle, stop.clone()));
+        let count = |o| {
+            metrics
+                .direct_asks
+                .get_or_create(&crate::metrics::AskLabels { outcome: o })
+                .get()
+        };
+
+        assert_eq!(call(addr, "GET", "/v1/other", String::new()).await.0, 404);
+        assert_eq!(call(addr, "GET", DECIDE_PATH, String::new()).await.0, 405);
+        let (st, why) = call(addr, "POST", DECIDE_PATH, "{}".into()).await;
+        assert_eq!(st, 400, "{why}");
+        assert!(why.contains("not a DecideRequest"), "{why}");
+        // A standby sends the caller to the Lease.
+        let (st, why) = call(addr, "POST", DECIDE_PATH, ask(100)).await;
+        assert_eq!(st, 421, "{why}");
+
+        lead.send_replace(true);
+        // Not decided in the caller's time.
+        assert_eq!(call(addr, "POST", DECIDE_PATH, ask(50)).await.0, 202);
+        let queued = asked.recv().await.unwrap();
+        assert_eq!(queued.spec.pod.uid, "u");
+        // The loop stopped deciding: the ask's reply is dropped.
+        let caller = tokio::spawn(call(addr, "POST", DECIDE_PATH, ask(5_000)));
+        drop(asked.recv().await.unwrap());
+        let (st, why) = caller.await.unwrap();
+        assert_eq!(st, 503, "{why}");
+        // Decided, refused, failed.
+        for (outcome, want) in [
+            (Outcome::Refused("spec.slots: invalid".into()), 422),
+            (Outcome::Failed("etcd timed out".into()), 502),
+        ] {
+            let caller = tokio::spawn(call(addr, "POST", DECIDE_PATH, ask(5_000)));
+            let _ = asked.recv().await.unwrap().reply.send(outcome);
+            assert_eq!(caller.await.unwrap().0, want);
+        }
+        let caller = tokio::spawn(call(addr, "POST", DECIDE_PATH, ask(5_000)));
+        let a = asked.recv().await.unwrap();
+        let mut r = steward_api::Reservation::new("p", a.spec.clone());
+        r.metadata.namespace = Some("ns".into());
+        let _ = a.reply.send(Outcome::Decided(Box::new(r.clone())));
+        let (st, body) = caller.await.unwrap();
+        assert_eq!(st, 200, "{body}");
+        let back: steward_api::Reservation = serde_json::from_str(&body).unwrap();
+        assert_eq!(back.spec, r.spec);
+
+        for (o, n) in [
+            ("bad_request", 1),
+            ("not_leading", 1),
+            ("undecided", 1),
+            ("busy", 1),
+            ("refused", 1),
+            ("failed", 1),
+            ("decided", 1),
+        ] {
+            assert_eq!(count(o), n, "{o}");
+        }
+        // The endpoint stops with its connections.
+        stop.cancel();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+}
