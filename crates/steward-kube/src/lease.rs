@@ -17,6 +17,13 @@
 //! Leadership is published on a `watch` channel; a consumer that sees
 //! `false` must stop acting on it at once.
 //!
+//! **Proven death.** A candidate may also be told that a holder is proven
+//! dead ([`elect_with_proof`]: e.g. its process's listening socket refuses
+//! connections). Then it does not wait out the duration: it tries at once
+//! and takes the Lease from that holder, still only by a replace under the
+//! resourceVersion it read (two candidates never both win). What counts as
+//! proof is the caller's business; a partition is not one.
+//!
 //! A leader can say more about itself in the Lease's annotations
 //! ([`LeaseConfig::annotations`], e.g. where it answers requests): they are
 //! written with every acquire and renewal and removed when it releases.
@@ -94,6 +101,8 @@ struct Candidate {
     api: Api<Lease>,
     cfg: LeaseConfig,
     observed: Option<Observed>,
+    /// A holder proven dead: its record is not waited out.
+    dead: Option<String>,
 }
 
 impl Candidate {
@@ -176,8 +185,12 @@ impl Candidate {
             .observed
             .as_ref()
             .is_some_and(|o| o.at + duration > Instant::now());
-        if held_by_other && fresh {
+        let proven_dead = held_by_other && self.dead.is_some() && spec.holder_identity == self.dead;
+        if held_by_other && fresh && !proven_dead {
             return Attempt::Taken;
+        }
+        if proven_dead && fresh {
+            tracing::info!(lease = %self.cfg.name, holder = ?spec.holder_identity, "taking the lease from a holder proven dead, before its record expires");
         }
         let transitions = spec.lease_transitions.unwrap_or(0);
         if !self.cfg.annotations.is_empty() {
@@ -241,15 +254,33 @@ pub fn elect(
     cfg: LeaseConfig,
     stop: CancellationToken,
 ) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    // A sender kept by nobody: no holder is ever proven dead.
+    let (_, proofs) = watch::channel(None);
+    elect_with_proof(client, cfg, stop, proofs)
+}
+
+/// [`elect`], where `proofs` names a holder proven dead (the identity in
+/// its Lease): this candidate then tries at once and may take the Lease
+/// from that holder before its record expires.
+pub fn elect_with_proof(
+    client: kube::Client,
+    cfg: LeaseConfig,
+    stop: CancellationToken,
+    mut proofs: watch::Receiver<Option<String>>,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(false);
     let mut candidate = Candidate {
         api: Api::namespaced(client, &cfg.namespace),
         cfg,
         observed: None,
+        dead: None,
     };
     let task = tokio::spawn(async move {
         let mut last_renewal: Option<Instant> = None;
+        // Closed from the start: nobody can prove anything.
+        let mut proofs_open = proofs.has_changed().is_ok();
         loop {
+            candidate.dead = proofs.borrow_and_update().clone();
             let leading = *tx.borrow();
             // A leader's attempt may not outlast its renew deadline: a hung
             // API call must not keep it leading past the point where another
@@ -291,6 +322,12 @@ pub fn elect(
             }
             tokio::select! {
                 () = tokio::time::sleep(candidate.cfg.retry_period) => {}
+                // A proof is acted on at once, not at the next period.
+                r = proofs.changed(), if proofs_open => {
+                    if r.is_err() {
+                        proofs_open = false;
+                    }
+                }
                 () = stop.cancelled() => break,
             }
         }

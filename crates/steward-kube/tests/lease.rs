@@ -190,3 +190,44 @@ async fn the_holder_annotates_the_lease_and_removes_it_on_release() {
     assert_eq!(endpoint(&released), None, "released, yet still annotated");
     assert_eq!(released.spec.unwrap().holder_identity, None);
 }
+
+/// A holder proven dead is replaced at once, not after its record
+/// expires; a proof naming another identity changes nothing.
+#[tokio::test]
+async fn a_holder_proven_dead_is_replaced_before_its_record_expires() {
+    use steward_kube::lease::elect_with_proof;
+
+    let api = server().await;
+    let long = |id: &str| {
+        let mut c = config(id);
+        c.lease_duration = Duration::from_secs(30);
+        c.renew_deadline = Duration::from_secs(20);
+        c
+    };
+    let (mut a, task_a) = elect(api.client(), long("a"), CancellationToken::new());
+    until(&mut a, true, Duration::from_secs(5)).await;
+    let (proof, proofs) = watch::channel(None);
+    let stop_b = CancellationToken::new();
+    let (mut b, task_b) = elect_with_proof(api.client(), long("b"), stop_b.clone(), proofs);
+    // A proof about somebody else: a stays leader.
+    proof.send_replace(Some("zzz".into()));
+    let samples = never_both(&a, &b, Duration::from_millis(600)).await;
+    assert!(samples > 0 && *a.borrow() && !*b.borrow());
+
+    // a dies without releasing; b is told, and takes over at once.
+    task_a.abort();
+    let _ = task_a.await;
+    proof.send_replace(Some("a".into()));
+    let took = until(&mut b, true, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} with a 30 s lease"
+    );
+    let lease = Api::<Lease>::namespaced(api.client(), NS)
+        .get("steward-controller")
+        .await
+        .unwrap();
+    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    stop_b.cancel();
+    task_b.await.unwrap();
+}

@@ -24,7 +24,7 @@ use kube::runtime::watcher;
 use steward_api::{API_VERSION, Instance, Reservation, SlotClaim};
 use steward_core::Millis;
 use steward_core::reservation::reservation_name;
-use steward_kube::lease::{LeaseConfig, elect};
+use steward_kube::lease::{LeaseConfig, elect_with_proof};
 use steward_kube::{EventSink, follow};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::ask::{self, Current, Written};
 use crate::direct::ENDPOINT_ANNOTATION;
+use crate::direct::client::Leader;
 use crate::direct::pending::{Ask, Outcome, Pending};
 use crate::direct::server::DecideHandle;
 use crate::ledger_picture::{LedgerPicture, Write};
@@ -70,8 +71,14 @@ pub struct ControllerConfig {
     /// (unregistered by default).
     pub metrics: ControllerMetrics,
     /// Serve the direct path there (`None`, the default: extenders use
-    /// the API path only).
+    /// the API path only). A standby also probes the leader's endpoint and
+    /// takes over at once when it refuses connections (the leader's
+    /// process is gone), instead of waiting for the Lease to expire.
     pub decide: Option<DecideConfig>,
+    /// How long a new leader waits before reading the cluster: writes its
+    /// predecessor had sent when it died land first, and are in the lists
+    /// it decides from.
+    pub takeover_horizon: Duration,
 }
 
 impl ControllerConfig {
@@ -86,6 +93,7 @@ impl ControllerConfig {
             device_classes: false,
             metrics: ControllerMetrics::default(),
             decide: None,
+            takeover_horizon: Duration::from_millis(300),
         }
     }
 }
@@ -142,7 +150,18 @@ pub async fn run(
         }
         None => None,
     };
-    let (mut leading, election) = elect(client.clone(), lease, stop.clone());
+    // A standby's proof that the leader's process is gone (direct path
+    // only: it needs the leader's endpoint).
+    let (proof, proofs) = watch::channel(None);
+    let _prober = listener.is_some().then(|| {
+        let leader = Leader::follow(client.clone(), &lease.namespace, &lease.name);
+        AbortOnDropHandle::new(tokio::spawn(crate::direct::prober::run(
+            leader,
+            lease.identity.clone(),
+            proof,
+        )))
+    });
+    let (mut leading, election) = elect_with_proof(client.clone(), lease, stop.clone(), proofs);
     // Aborting this task (a crash) takes the election down with it: no
     // orphaned renewals keep a dead controller's Lease alive.
     let election = AbortOnDropHandle::new(election);
@@ -215,6 +234,7 @@ async fn decide(
     events: EventSink,
     asks: &mut mpsc::Receiver<Ask>,
 ) {
+    tokio::time::sleep(cfg.takeover_horizon).await;
     let all = watcher::Config::default;
     let mut instances = follow(Api::<Instance>::all(client.clone()), all()).boxed();
     let mut claims = follow(Api::<SlotClaim>::all(client.clone()), all()).boxed();

@@ -837,29 +837,24 @@ fn the_extenders_bounds_are_the_reservation_crds() {
 }
 
 /// The leader dies (its process gone: endpoint closed, Lease not
-/// released) between two Filters: the next Filter finds nobody at the
-/// leader's address, asks through the API and is answered by the standby
-/// once it takes the Lease; then the extender asks the new leader
-/// directly. No Filter errs and no slot is given twice.
+/// released) between two Filters: the standby finds the leader's endpoint
+/// refusing connections and takes the 15 s Lease at once; the next Filter,
+/// finding nobody at the leader's address, asks through the API and is
+/// answered within the default 2 s; then the extender asks the new leader
+/// directly. No Filter errs or times out and no slot is given twice.
 #[tokio::test]
 async fn a_dead_leaders_filters_go_through_the_api_until_the_standby_leads() {
     use k8s_openapi::api::coordination::v1::Lease;
     use steward_reservations::{ControllerConfig, DecideConfig, run};
     use tokio_util::sync::CancellationToken;
 
-    let cfg = ExtenderConfig {
-        // Longer than the Lease takes to expire.
-        decision_timeout: Duration::from_secs(20),
-        ..direct()
-    };
-    let s = stand_opts(2, &[], false, cfg).await;
+    let s = stand_opts(2, &[], false, direct()).await;
     let stop = CancellationToken::new();
     let mut replicas = BTreeMap::new();
     for id in ["c1", "c2"] {
         let mut c = ControllerConfig::new("steward-system", id);
         c.resync = Duration::from_millis(100);
-        c.lease.lease_duration = Duration::from_secs(2);
-        c.lease.renew_deadline = Duration::from_secs(1);
+        // The default 15 s Lease: waiting it out would fail the Filter.
         c.lease.retry_period = Duration::from_millis(100);
         c.decide = Some(DecideConfig {
             listen: "127.0.0.1:0".parse().unwrap(),

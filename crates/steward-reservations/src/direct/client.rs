@@ -50,10 +50,19 @@ pub enum DirectError {
     Failed(String, String),
 }
 
+/// Who holds the election Lease and where it decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's identity in the Lease.
+    pub identity: String,
+    /// Its decide endpoint.
+    pub endpoint: String,
+}
+
 /// The leader's endpoint, as the election Lease says, and a kept-alive
 /// connection pool to it.
 pub struct Leader {
-    endpoint: watch::Receiver<Option<String>>,
+    holder: watch::Receiver<Option<Holder>>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
     _follow: AbortOnDropHandle<()>,
 }
@@ -61,27 +70,26 @@ pub struct Leader {
 impl std::fmt::Debug for Leader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leader")
-            .field("endpoint", &*self.endpoint.borrow())
+            .field("holder", &*self.holder.borrow())
             .finish_non_exhaustive()
     }
 }
 
-/// The endpoint a Lease names: its annotation, while someone holds it.
-pub fn endpoint_of(lease: &Lease) -> Option<String> {
-    let held = lease
+/// The holder a Lease names, with its endpoint annotation.
+pub fn holder_of(lease: &Lease) -> Option<Holder> {
+    let identity = lease
         .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .is_some_and(|h| !h.is_empty());
-    held.then(|| {
-        lease
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(ENDPOINT_ANNOTATION)
-            .cloned()
-    })
-    .flatten()
+        .as_ref()?
+        .holder_identity
+        .clone()
+        .filter(|h| !h.is_empty())?;
+    let endpoint = lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ENDPOINT_ANNOTATION)?
+        .clone();
+    Some(Holder { identity, endpoint })
 }
 
 impl Leader {
@@ -95,15 +103,15 @@ impl Leader {
             let mut changes = follow(api, config).boxed();
             while let Some(c) = changes.next().await {
                 let now = match c {
-                    Change::Relisted(all) => all.iter().find_map(endpoint_of),
-                    Change::Applied(l) => endpoint_of(&l),
+                    Change::Relisted(all) => all.iter().find_map(holder_of),
+                    Change::Applied(l) => holder_of(&l),
                     Change::Deleted(_) => None,
                     Change::Interrupted(_) => continue,
                 };
                 tx.send_if_modified(|e| {
                     let changed = *e != now;
                     if changed {
-                        tracing::info!(lease = %name, endpoint = ?now, "the decision leader moved");
+                        tracing::info!(lease = %name, holder = ?now, "the decision leader moved");
                     }
                     *e = now;
                     changed
@@ -114,7 +122,7 @@ impl Leader {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_millis(500)));
         Self {
-            endpoint: rx,
+            holder: rx,
             http: HttpClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(http),
@@ -124,7 +132,12 @@ impl Leader {
 
     /// Where the leader decides, as last seen.
     pub fn endpoint(&self) -> Option<String> {
-        self.endpoint.borrow().clone()
+        self.holder.borrow().as_ref().map(|h| h.endpoint.clone())
+    }
+
+    /// Who leads and where, as last seen.
+    pub fn holder(&self) -> Option<Holder> {
+        self.holder.borrow().clone()
     }
 
     /// Asks the leader to decide `ask`, waiting at most `ask.timeout_ms`

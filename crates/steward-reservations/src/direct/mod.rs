@@ -22,6 +22,7 @@
 
 pub mod client;
 pub(crate) mod pending;
+pub(crate) mod prober;
 pub mod server;
 pub mod wire;
 
