@@ -66,6 +66,9 @@ async fn http(addr: SocketAddr, path: &str, body: &[u8]) -> Value {
 struct Stand {
     api: ApiServer,
     extenders: Vec<SocketAddr>,
+    /// The controllers by identity: aborting one is its process dying
+    /// (endpoint closed, Lease not released).
+    controllers: std::sync::Mutex<BTreeMap<String, tokio::task::JoinHandle<()>>>,
     stop: CancellationToken,
 }
 
@@ -130,6 +133,7 @@ async fn stand_path(
             .unwrap();
     }
     let stop = CancellationToken::new();
+    let mut controllers = BTreeMap::new();
     for r in 0..replicas {
         let mut cfg = ControllerConfig::new("steward-system", &format!("c{r}"));
         cfg.resync = Duration::from_millis(200);
@@ -141,11 +145,14 @@ async fn stand_path(
         // Each component names itself, as the binaries do, so the
         // stand-in's counters tell them apart.
         let ua = steward_kube::client::user_agent("controller", Some(&format!("c{r}")));
-        tokio::spawn(run(
-            api.client_with_user_agent(&ua).unwrap(),
-            cfg,
-            stop.clone(),
-        ));
+        let client = api.client_with_user_agent(&ua).unwrap();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let _ = run(client, cfg, stop).await;
+            }
+        });
+        controllers.insert(format!("c{r}"), task);
     }
     let mut extenders = Vec::new();
     for r in 0..replicas {
@@ -170,6 +177,7 @@ async fn stand_path(
     Stand {
         api,
         extenders,
+        controllers: std::sync::Mutex::new(controllers),
         stop,
     }
 }
@@ -374,6 +382,7 @@ async fn race(
     nodes: usize,
     seen_by: usize,
     direct: bool,
+    kill: bool,
 ) {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
     let insts: Vec<(String, u32, Vec<String>)> = (0..instances)
@@ -409,6 +418,32 @@ async fn race(
     let started = Instant::now();
     let deadline = started + Duration::from_secs(if pods > 200 { 120 } else { 30 });
     let racing = CancellationToken::new();
+    // With `kill`: the leading controller dies once half the pods are
+    // filtered.
+    let filtered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let killer = kill.then(|| {
+        let (s, filtered) = (s.clone(), filtered.clone());
+        tokio::spawn(async move {
+            while filtered.load(std::sync::atomic::Ordering::Relaxed) < pods / 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+                s.api.client(),
+                "steward-system",
+            )
+            .get("steward-controller")
+            .await
+            .unwrap();
+            let holder = lease.spec.unwrap().holder_identity.unwrap();
+            s.controllers
+                .lock()
+                .unwrap()
+                .remove(&holder)
+                .unwrap()
+                .abort();
+            Instant::now()
+        })
+    });
     let floor_task = {
         let (s, names, racing) = (s.clone(), names.clone(), racing.clone());
         tokio::spawn(async move {
@@ -432,8 +467,10 @@ async fn race(
         let s = s.clone();
         let mine: Vec<Pod> = all.iter().skip(sched).step_by(2).cloned().collect();
         let names = names.clone();
+        let filtered = filtered.clone();
         tasks.push(tokio::spawn(async move {
             let addr = s.extenders[sched];
+            let mut done = Vec::new();
             let (mut placed, mut answered) = (0usize, 0usize);
             let (mut lat, mut errors, mut undecided) = (Vec::new(), 0usize, 0usize);
             // One pass: each Filter awaits its decision, so afterwards every
@@ -448,6 +485,8 @@ async fn race(
                 let t = Instant::now();
                 let r = http(addr, "/filter", &body).await;
                 lat.push(t.elapsed());
+                done.push(Instant::now());
+                filtered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 answered += 1;
                 if r["Error"].as_str().is_some_and(|e| !e.is_empty()) {
                     errors += 1;
@@ -470,28 +509,56 @@ async fn race(
                     placed += 1;
                 }
             }
-            (placed, answered, lat, errors, undecided)
+            (placed, answered, lat, errors, undecided, done)
         }));
     }
     let (mut placed, mut answered) = (0, 0);
-    let (mut lat, mut errors, mut undecided) = (Vec::new(), 0, 0);
+    let (mut lat, mut errors, mut undecided, mut done) = (Vec::new(), 0, 0, Vec::new());
     for t in tasks {
-        let (p, a, l, e, u) = t.await.unwrap();
+        let (p, a, l, e, u, d) = t.await.unwrap();
         placed += p;
         answered += a;
         lat.extend(l);
         errors += e;
         undecided += u;
+        done.extend(d);
     }
+    let killed = match killer {
+        Some(k) => Some(k.await.unwrap()),
+        None => None,
+    };
     let elapsed = started.elapsed();
     racing.cancel();
     let mut floor = floor_task.await.unwrap();
     lat.sort();
     floor.sort();
     let p99 = |v: &[Duration]| pct(v, 0.99).as_secs_f64().max(1e-9);
+    let label = match (direct, kill) {
+        (true, true) => "direct, leader killed",
+        (true, false) => "direct",
+        (false, true) => "API path, leader killed",
+        (false, false) => "API path",
+    };
+    if let Some(at) = killed {
+        // The decision gap: the longest pause between two answered
+        // Filters around the kill.
+        done.sort();
+        let gap = done
+            .windows(2)
+            .filter(|w| w[1] >= at)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default();
+        let after = done.iter().find(|d| **d >= at).map(|d| *d - at);
+        println!(
+            "race ({label}) the leader died after {} Filters: longest pause between answered Filters from then on {gap:.2?}, first Filter answered {after:.2?} after the kill; longest Filter {:.2?}",
+            pods / 2,
+            lat.last().copied().unwrap_or_default(),
+        );
+    }
     println!(
         "race ({}) Filter latency: managed p50={:.2?} p99={:.2?} | floor (unmanaged pod, filtered beside the race, n={}) p50={:.2?} p99={:.2?} | managed/floor p99={:.1}x; Filter errors {errors}, not decided in time {undecided}",
-        if direct { "direct" } else { "API path" },
+        label,
         pct(&lat, 0.5),
         pct(&lat, 0.99),
         floor.len(),
@@ -539,8 +606,7 @@ async fn race(
     let trusting = (pods as u64).min(advertised);
     let would_fail = trusting.saturating_sub(real);
     println!(
-        "race ({}) pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; {answered} Filters answered = {:.0} decisions/s; API writes: {} Reservation, {} Reservation status, {} in all; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
-        if direct { "direct" } else { "API path" },
+        "race ({label}) pods={pods} instances={instances}x{capacity} slots seen by {seen_by} of {nodes} nodes (advertised {advertised}, real {real}): placed {placed} (bound {bound_count}) in {:.2?} = {:.0} pods/s; {answered} Filters answered = {:.0} decisions/s; API writes: {} Reservation, {} Reservation status, {} in all; over-commit {over_commit}; stuck {stuck}; baseline without the extender: {trusting} pods placed on advertised slots, {would_fail} of them would fail admission",
         elapsed,
         placed as f64 / elapsed.as_secs_f64(),
         answered as f64 / elapsed.as_secs_f64(),
@@ -599,19 +665,22 @@ fn main() {
         if smoke {
             let floor = filter_latency(50, 5).await;
             write_probe(20, 300, 4, floor).await;
-            race(20, 2, 2, 6, 3, false).await;
-            race(20, 2, 2, 6, 3, true).await;
+            race(20, 2, 2, 6, 3, false, false).await;
+            race(20, 2, 2, 6, 3, true, false).await;
+            race(20, 2, 2, 6, 3, true, true).await;
         } else if std::env::var("STEWARD_BENCH_ONLY").as_deref() == Ok("race") {
             // One section alone, e.g. to profile it.
-            race(1000, 50, 2, 50, 3, false).await;
-            race(1000, 50, 2, 50, 3, true).await;
+            race(1000, 50, 2, 50, 3, false, false).await;
+            race(1000, 50, 2, 50, 3, true, false).await;
+            race(1000, 50, 2, 50, 3, true, true).await;
         } else {
             filter_latency(50, 200).await;
             let floor = filter_latency(500, 200).await;
             write_probe(3000, 300, 4, floor).await;
             filter_latency(5000, 100).await;
-            race(1000, 50, 2, 50, 3, false).await;
-            race(1000, 50, 2, 50, 3, true).await;
+            race(1000, 50, 2, 50, 3, false, false).await;
+            race(1000, 50, 2, 50, 3, true, false).await;
+            race(1000, 50, 2, 50, 3, true, true).await;
         }
     });
 }

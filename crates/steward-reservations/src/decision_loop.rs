@@ -107,6 +107,8 @@ pub enum ControllerError {
     Listen(SocketAddr, std::io::Error),
     #[error("--decide-advertise is needed: {0} is not an address extenders can reach")]
     Advertise(SocketAddr),
+    #[error("the decide endpoint stopped serving; stopped leading and released the Lease")]
+    EndpointGone,
 }
 
 /// Asks queued for the decision loop at most; more are answered 503.
@@ -127,6 +129,9 @@ pub async fn run(
     cfg: ControllerConfig,
     stop: CancellationToken,
 ) -> Result<(), ControllerError> {
+    // Cancelled by the caller, or by this replica's endpoint ending.
+    let outer = stop;
+    let stop = outer.child_token();
     let mut lease = cfg.lease.clone();
     let (asks, mut asked) = mpsc::channel(ASK_QUEUE);
     let listener = match &cfg.decide {
@@ -166,17 +171,21 @@ pub async fn run(
     // orphaned renewals keep a dead controller's Lease alive.
     let election = AbortOnDropHandle::new(election);
     // The same for the endpoint: its connections close with it.
+    // A replica whose endpoint is gone must not lead: a standby takes a
+    // refused endpoint for a dead leader. Its end (a panic included) stops
+    // this replica, which releases the Lease.
+    let endpoint_gone = CancellationToken::new();
     let _endpoint = listener.map(|l| {
         let handle = DecideHandle {
             asks,
             leading: leading.clone(),
             metrics: cfg.metrics.clone(),
         };
-        AbortOnDropHandle::new(tokio::spawn(crate::direct::server::serve(
-            l,
-            handle,
-            stop.clone(),
-        )))
+        let (stop, gone) = (stop.clone(), endpoint_gone.clone());
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            let _stops = (stop.clone().drop_guard(), gone.drop_guard());
+            crate::direct::server::serve(l, handle, stop).await;
+        }))
     });
     let (events, events_task) =
         EventSink::start(client.clone(), "steward-controller", &cfg.lease.identity);
@@ -211,6 +220,9 @@ pub async fn run(
     drop(events);
     let _ = events_task.await;
     election.await?;
+    if endpoint_gone.is_cancelled() && !outer.is_cancelled() {
+        return Err(ControllerError::EndpointGone);
+    }
     Ok(())
 }
 
