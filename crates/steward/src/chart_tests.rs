@@ -949,11 +949,17 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
         assert_eq!(strings(&spec["policyTypes"]), ["Ingress"]);
         let ingress = spec["ingress"].as_array().unwrap();
         assert_eq!(ingress.len(), rules, "{metrics}: {ingress:?}");
+        // The extenders ask the leader; the other controller replicas
+        // probe it (failover).
         let from = ingress[0]["from"].as_array().unwrap();
-        assert_eq!(from.len(), 1, "{from:?}");
+        assert_eq!(from.len(), 2, "{from:?}");
         assert_eq!(
             from[0]["podSelector"]["matchLabels"],
             selector("t-steward-extender")
+        );
+        assert_eq!(
+            from[1]["podSelector"]["matchLabels"],
+            selector("t-steward-controller")
         );
         assert_eq!(ingress[0]["ports"][0]["port"], "decide");
         if rules == 2 {
