@@ -269,7 +269,7 @@ async fn decide(
             Some(c) = reservations.next() => { seen(&mut picture, &mut pending, c); false }
             Some(c) = pods.next() => { picture.pods(c); false }
             Some(c) = nodes.next() => { picture.nodes(c); false }
-            Some(a) = asks.recv() => { write_ask(&client, &picture, a, &asked); false }
+            Some(a) = asks.recv() => { write_ask(&client, &mut picture, a, &asked); false }
             Some((a, w, relists)) = written.recv() => { wait_for(&mut picture, &mut pending, a, w, relists); false }
             _ = tick.tick() => true,
         };
@@ -365,9 +365,13 @@ const ECHO_WAIT_MS: u64 = 30_000;
 
 /// Writes an ask's Reservation (create or renew, as the extender would),
 /// off the loop: the result comes back on `done`.
+///
+/// A new ask that would be rejected is answered from the kept ledger
+/// without a write: a rejection holds nothing, and the scheduler retries
+/// the pod (each retry asks again). Only what holds capacity is persisted.
 fn write_ask(
     client: &kube::Client,
-    picture: &LedgerPicture,
+    picture: &mut LedgerPicture,
     a: Ask,
     done: &mpsc::UnboundedSender<(Ask, Result<Written, kube::Error>, u64)>,
 ) {
@@ -381,6 +385,15 @@ fn write_ask(
     } else {
         Current::Unknown
     };
+    if matches!(current, Current::Absent)
+        && let Some(status) = picture.rejection(&a.spec, now())
+    {
+        let mut r = Reservation::new(&rname, a.spec);
+        r.metadata.namespace = Some(ns);
+        r.status = Some(status);
+        let _ = a.reply.send(Outcome::Rejected(Box::new(r)));
+        return;
+    }
     let api = Api::<Reservation>::namespaced(client.clone(), &ns);
     let done = done.clone();
     tokio::spawn(async move {

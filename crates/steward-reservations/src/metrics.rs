@@ -19,7 +19,8 @@ pub struct PhaseLabels {
 /// `{outcome}`: what became of an ask on the direct path.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AskLabels {
-    /// `decided`, `undecided` (not in the caller's time), `refused` (the
+    /// `decided`, `rejected_unwritten` (a new ask the kept ledger rejects,
+    /// answered without a write), `undecided` (not in the caller's time), `refused` (the
     /// API server refused the Reservation), `failed` (the API server
     /// failed), `not_leading`, `busy` (the queue was full or the loop
     /// stopped), `bad_request`.
@@ -27,8 +28,9 @@ pub struct AskLabels {
 }
 
 /// The outcomes always exported (0 when none).
-pub const ASK_OUTCOMES: [&str; 7] = [
+pub const ASK_OUTCOMES: [&str; 8] = [
     "decided",
+    "rejected_unwritten",
     "undecided",
     "refused",
     "failed",

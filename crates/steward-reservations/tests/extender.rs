@@ -137,6 +137,26 @@ async fn the_direct_path_leaves_every_reservation_write_to_the_leader() {
     };
     assert_eq!(asks("decided"), 2, "both Filters asked the leader");
     assert_eq!(asks("not_leading") + asks("busy") + asks("failed"), 0);
+
+    // A pod that cannot fit (2 slots asked, 1 free) is refused with the
+    // reason, from the leader's ledger: nothing is written for it.
+    let before = s.api.stats();
+    let big = pending_pod(&s.api, "p2", 2).await;
+    let r = filter(s.addr, &big, &["n1", "n2", "n3", "n4"]).await;
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    assert!(r.to_string().contains("1 of 2 slots free"), "{r}");
+    assert_eq!(asks("rejected_unwritten"), 1);
+    let after = s.api.stats();
+    for who in [EXTENDER_AGENT, CONTROLLER_AGENT] {
+        assert_eq!(writes(&after, who) - writes(&before, who), 0, "{who} wrote");
+    }
+    assert!(
+        Api::<Reservation>::namespaced(s.api.client(), NS)
+            .get_opt("p2")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn placed_once_per_slot(s: Stand) {

@@ -17,6 +17,9 @@ use crate::ask::{Target, answered};
 pub enum Outcome {
     /// The pod's Reservation, decided for this ask.
     Decided(Box<Reservation>),
+    /// Rejected by the kept ledger without a write: the Reservation as it
+    /// would read (no object exists).
+    Rejected(Box<Reservation>),
     /// The API server refused the Reservation as written (422).
     Refused(String),
     /// Reading or writing the Reservation failed.

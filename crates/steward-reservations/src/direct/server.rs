@@ -130,6 +130,7 @@ async fn ask(
     }
     match tokio::time::timeout(wait, answer).await {
         Ok(Ok(Outcome::Decided(r))) => ("decided", json(&r)),
+        Ok(Ok(Outcome::Rejected(r))) => ("rejected_unwritten", json(&r)),
         Ok(Ok(Outcome::Refused(why))) => (
             "refused",
             text(StatusCode::UNPROCESSABLE_ENTITY, format!("{why}\n")),

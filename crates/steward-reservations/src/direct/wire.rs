@@ -2,7 +2,9 @@
 //!
 //! Request: `POST /v1/decide`, JSON [`DecideRequest`]. Answers:
 //! * `200`: the pod's Reservation object, decided for this ask
-//!   (`status.observedGeneration` equals its generation);
+//!   (`status.observedGeneration` equals its generation), or, for a new ask
+//!   the leader's ledger rejects, the Reservation as it would read with no
+//!   object written (no `metadata.uid`: a rejection holds nothing);
 //! * `202`: not decided within the request's timeout (the ask is written;
 //!   a later Filter finds the decision);
 //! * `421`: this replica does not lead (ask the Lease again);
