@@ -170,9 +170,9 @@ pub async fn run(
     // Aborting this task (a crash) takes the election down with it: no
     // orphaned renewals keep a dead controller's Lease alive.
     let election = AbortOnDropHandle::new(election);
-    // The same for the endpoint: its connections close with it.
-    // A replica whose endpoint is gone must not lead: a standby takes a
-    // refused endpoint for a dead leader. Its end (a panic included) stops
+    // The same for the endpoint: its connections close with it. And a
+    // replica whose endpoint is gone must not lead (a standby takes a
+    // refused endpoint for a dead leader): its end, a panic included, stops
     // this replica, which releases the Lease.
     let endpoint_gone = CancellationToken::new();
     let _endpoint = listener.map(|l| {

@@ -661,6 +661,21 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     })
     .await;
     assert!(leader.starts_with("http://127.0.0.1:"), "{leader}");
+    // The one slot is freed first: a pod that cannot fit is refused by the
+    // leader without a write, and this one must make it write.
+    Api::<Pod>::namespaced(api.client(), "default")
+        .delete("waiting", &Default::default())
+        .await
+        .unwrap();
+    eventually("the slot freed", || {
+        let reservations = reservations.clone();
+        async move {
+            let r = reservations.get_opt("waiting").await.ok()?;
+            r.is_none_or(|r| r.status.is_some_and(|s| s.phase != "Reserved"))
+                .then_some(())
+        }
+    })
+    .await;
     let third: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "third", "namespace": "default"},
         "spec": {"containers": [{"name": "main", "image": "busybox",
@@ -677,9 +692,11 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
     .unwrap();
     let filtered = direct.filter(&args).await;
     assert!(filtered.error.is_empty(), "{filtered:?}");
-    assert!(
-        reservations.get_opt("third").await.unwrap().is_some(),
-        "the leader made no Reservation"
+    let third = reservations.get_opt("third").await.unwrap();
+    assert_eq!(
+        third.and_then(|r| r.status).map(|s| s.phase).as_deref(),
+        Some("Reserved"),
+        "the leader made no Reservation: {filtered:?}"
     );
     drop(direct);
     stop_controller.cancel();
@@ -721,6 +738,8 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         ("update", "reservations/status"),
         ("create", "leases"),
         ("update", "leases"),
+        // A standby follows the Lease to probe the leader's endpoint.
+        ("watch", "leases"),
         ("watch", "configurations"),
         ("watch", "deviceclasses"),
         ("create", "deviceclasses"),

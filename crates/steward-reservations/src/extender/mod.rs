@@ -2,7 +2,11 @@
 //! backed by Reservations the controller decides.
 //!
 //! **Protocol: the decision is awaited inside Filter, within a bound.**
-//! Filter creates (or renews) the pod's Reservation with the candidate nodes
+//! With [`ExtenderConfig::leader`], Filter first asks the leading controller
+//! directly ([`crate::direct`]): it writes the ask and answers with the
+//! written decision (or, for a new ask it rejects, the rejection without a
+//! write). When no leader answers, the API path below is taken.
+//! On the API path Filter creates (or renews) the pod's Reservation with the candidate nodes
 //! kube-scheduler passed, then waits — at most `decision_timeout` — until the
 //! controller has answered that spec (`status.observedGeneration` equals the
 //! object's generation). The wait is woken by one watch of every Reservation
