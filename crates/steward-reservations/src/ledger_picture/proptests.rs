@@ -493,3 +493,35 @@ proptest! {
         }
     }
 }
+
+/// Found by the `crd_objects` fuzz target: a Reserved status of an older
+/// generation whose pod is not there. Once decided for a pod that is gone,
+/// it is canceled in one write, not first re-answered and then canceled.
+#[test]
+fn a_decision_whose_pod_is_gone_is_canceled_in_one_write() {
+    let r: Reservation = serde_json::from_value(json!({
+        "apiVersion": "steward.dev/v1alpha1", "kind": "Reservation",
+        "metadata": {"name": "cam", "namespace": "default", "generation": 2},
+        "spec": {"pod": {"namespace": "default", "name": "cam", "uid": "u1"},
+            "slots": {"cams-1a2b3c4d5e": 1}, "exclusiveCpus": 2,
+            "candidates": ["node-a", "node-b"]},
+        "status": {"phase": "Reserved"},
+    }))
+    .unwrap();
+    let mut world = LedgerPicture::default();
+    world.instances(Watch::Relisted(Vec::new()));
+    world.slot_claims(Watch::Relisted(Vec::new()));
+    world.pods(Watch::Relisted(Vec::new()));
+    world.nodes(Watch::Relisted(Vec::new()));
+    world.reservations(Watch::Relisted(vec![r]));
+    let now = Millis(1_700_000_000_000);
+    let writes = world.reconcile(60_000, now);
+    assert_eq!(writes.len(), 1);
+    let status = writes[0].object.status.clone().unwrap();
+    assert_eq!(status.phase, "Canceled", "{status:?}");
+    for w in writes {
+        world.reservations(Watch::Applied(w.object));
+    }
+    let again = world.reconcile(60_000, now);
+    assert!(again.is_empty(), "second pass still writes: {again:?}");
+}

@@ -97,11 +97,12 @@ impl LedgerPicture {
             .is_some_and(|s| s.observed_generation == generation);
         let Some(pod) = self.pods.get(uid) else {
             // A pod not seen yet is not a pod that is gone: an ask arrives
-            // directly or through another watch than its pod, so an ask not
-            // yet answered waits for the pod's first event (which looks at
-            // it again). Its owner reference removes it if the pod never
-            // comes. A decision whose pod is no longer there is released.
-            if answered {
+            // directly or through another watch than its pod, so a fresh
+            // ask (never decided: no status) waits for the pod's first
+            // event, which looks at it again. Its owner reference removes it
+            // if the pod never comes. Anything once decided was decided for
+            // a pod seen then: that pod is gone, and what it held released.
+            if r.status.is_some() {
                 ledger.cancel(uid, "the pod is gone");
             }
             return;
