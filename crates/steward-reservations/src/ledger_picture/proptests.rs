@@ -201,6 +201,22 @@ fn mask(m: u8) -> Vec<String> {
         .collect()
 }
 
+/// Pod `p`'s ask for `n` slots of Instance `i` and `cpus` exclusive CPUs,
+/// with the candidates of mask `m`.
+fn ask(p: usize, i: usize, n: u32, cpus: u32, m: u8) -> ReservationSpec {
+    ReservationSpec {
+        pod: PodRef {
+            namespace: NS.into(),
+            name: format!("p{p}"),
+            uid: uid(p),
+        },
+        slots: BTreeMap::from([(INSTANCES[i].to_owned(), n)]),
+        exclusive_cpus: cpus,
+        candidates: mask(m),
+        cancel: None,
+    }
+}
+
 /// Applies `op` to the cluster and tells the picture what its watches
 /// would.
 fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
@@ -229,17 +245,7 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
             }
         }
         Op::Ask(p, i, n, cpus, m, direct) => {
-            let spec = ReservationSpec {
-                pod: PodRef {
-                    namespace: NS.into(),
-                    name: format!("p{p}"),
-                    uid: uid(p),
-                },
-                slots: BTreeMap::from([(INSTANCES[i].to_owned(), n)]),
-                exclusive_cpus: cpus,
-                candidates: mask(m),
-                cancel: None,
-            };
+            let spec = ask(p, i, n, cpus, m);
             let mut o = match c.reservations.get(&p) {
                 Some(old) => {
                     let mut o = old.clone();
@@ -352,17 +358,7 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
             _ => pic.nodes(Watch::Relisted(c.nodes.values().cloned().collect())),
         },
         Op::Trial(p, i, n, cpus, m) => {
-            let spec = ReservationSpec {
-                pod: PodRef {
-                    namespace: NS.into(),
-                    name: format!("p{p}"),
-                    uid: uid(p),
-                },
-                slots: BTreeMap::from([(INSTANCES[i].to_owned(), n)]),
-                exclusive_cpus: cpus,
-                candidates: mask(m),
-                cancel: None,
-            };
+            let spec = ask(p, i, n, cpus, m);
             let before = pic.ledger.reservations().cloned().collect::<Vec<_>>();
             if let Some(status) = pic.rejection(&spec, Millis(1_000_000)) {
                 assert_eq!(status.phase, "Rejected");
