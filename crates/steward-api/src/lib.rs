@@ -45,7 +45,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Configuration::crd(),
         Instance::crd(),
         SlotClaim::crd(),
-        Reservation::crd(),
+        reservation_crd(),
     ]
 }
 

@@ -5,11 +5,18 @@
 //! The scheduler extender writes the spec (the request, the candidate nodes
 //! its Filter passed, and `cancel` on Unreserve); one controller, the only
 //! writer of decisions, writes the status.
+//!
+//! Two versions are served, with the same schema (no conversion):
+//! `v1alpha1`, stored, with the status subresource; and `v1alpha2`,
+//! without it, through which the leading controller creates a Reservation
+//! already decided (spec and status in one write). Every other reader and
+//! writer uses `v1alpha1`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, KubeSchema};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 use steward_core::Millis;
 use steward_core::reservation::{self as core, Phase};
@@ -18,6 +25,35 @@ use crate::PodRef;
 
 /// Short name of the Reservation kind (`kubectl get srsv`).
 pub const RESERVATION_SHORT_NAME: &str = "srsv";
+
+/// The Reservation version without the status subresource: a create
+/// through it keeps the status it carries, so a decision is persisted with
+/// its ask in one write. Same schema as `v1alpha1`; not stored.
+pub const RESERVATION_DECIDED_VERSION: &str = "v1alpha2";
+
+/// The Reservation CRD: `v1alpha1` (stored, status subresource) and
+/// [`RESERVATION_DECIDED_VERSION`] (the same schema and columns, no
+/// subresource).
+pub fn reservation_crd() -> CustomResourceDefinition {
+    let mut crd = Reservation::crd();
+    if let Some(stored) = crd.spec.versions.first() {
+        let mut decided = stored.clone();
+        decided.name = RESERVATION_DECIDED_VERSION.to_owned();
+        decided.storage = false;
+        decided.subresources = None;
+        crd.spec.versions.push(decided);
+    }
+    crd
+}
+
+/// URL path of the Reservations of `namespace` at
+/// [`RESERVATION_DECIDED_VERSION`].
+pub fn decided_reservations_path(namespace: &str) -> String {
+    format!(
+        "/apis/{}/{RESERVATION_DECIDED_VERSION}/namespaces/{namespace}/reservations",
+        crate::GROUP
+    )
+}
 
 /// Capacity held for one pod at scheduling time.
 // Several printer columns share a type: not a duplicated attribute.
@@ -252,5 +288,37 @@ mod tests {
         assert_eq!(status.decided_at, Some(7));
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["observedGeneration"], 1);
+    }
+
+    #[test]
+    fn the_decided_version_is_the_stored_one_without_the_status_subresource() {
+        let crd = reservation_crd();
+        let [stored, decided] = crd.spec.versions.as_slice() else {
+            panic!("two versions: {:?}", crd.spec.versions);
+        };
+        assert_eq!(
+            (stored.name.as_str(), stored.storage, stored.served),
+            ("v1alpha1", true, true)
+        );
+        assert!(
+            stored
+                .subresources
+                .as_ref()
+                .is_some_and(|s| s.status.is_some())
+        );
+        assert_eq!(
+            (decided.name.as_str(), decided.storage, decided.served),
+            (RESERVATION_DECIDED_VERSION, false, true)
+        );
+        assert_eq!(decided.subresources, None);
+        assert_eq!(decided.schema, stored.schema);
+        assert_eq!(
+            decided.additional_printer_columns,
+            stored.additional_printer_columns
+        );
+        assert_eq!(
+            decided_reservations_path("team-a"),
+            "/apis/steward.dev/v1alpha2/namespaces/team-a/reservations"
+        );
     }
 }

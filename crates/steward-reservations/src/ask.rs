@@ -7,13 +7,18 @@
 //! Rejected or Canceled, another pod of the same name, a changed ask or a
 //! reservation on a node the scheduler no longer offers asks anew: the old
 //! object is deleted (precondition: its UID) and a fresh one created.
+//!
+//! The leader also creates a new pod's Reservation already decided
+//! ([`create_decided`]): one write for the ask and its decision.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
-use steward_api::{Reservation, ReservationSpec};
+use steward_api::{
+    GROUP, RESERVATION_DECIDED_VERSION, Reservation, ReservationSpec, decided_reservations_path,
+};
 
 /// The Reservation object a decision is awaited for: a picture that
 /// still shows an older object (deleted and created anew) or an older
@@ -46,6 +51,14 @@ pub(crate) fn answered(r: &Reservation) -> bool {
             && s.observed_generation == r.metadata.generation
             && s.phase != "Requested"
     })
+}
+
+/// Whether `a` and `b` ask the same: the same pod, slots and CPUs, and
+/// the same candidate set (kube-scheduler orders its nodes anew every
+/// cycle).
+pub(crate) fn same_ask(a: &ReservationSpec, b: &ReservationSpec) -> bool {
+    let set = |s: &ReservationSpec| s.candidates.iter().cloned().collect::<BTreeSet<_>>();
+    a.pod == b.pod && a.slots == b.slots && a.exclusive_cpus == b.exclusive_cpus && set(a) == set(b)
 }
 
 /// What is known of the pod's Reservation before writing.
@@ -157,4 +170,32 @@ pub(crate) async fn write(
         target: Target::of(&r),
         written: Some(Box::new(r)),
     })
+}
+
+/// Creates `r` (a new object: no uid, no resourceVersion) together with
+/// its status, in one write: through the Reservation version without the
+/// status subresource ([`RESERVATION_DECIDED_VERSION`]), since a create at
+/// the stored version drops the status. The object as created (the API
+/// server gives it generation 1, which the status must answer).
+pub(crate) async fn create_decided(
+    client: &kube::Client,
+    r: &Reservation,
+) -> Result<Reservation, kube::Error> {
+    let ns = r.metadata.namespace.as_deref().unwrap_or_default();
+    let mut body = serde_json::to_value(r).map_err(kube::Error::SerdeError)?;
+    if let Some(o) = body.as_object_mut() {
+        o.insert(
+            "apiVersion".into(),
+            format!("{GROUP}/{RESERVATION_DECIDED_VERSION}").into(),
+        );
+        // The server's to give.
+        if let Some(meta) = o.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            meta.remove("generation");
+        }
+    }
+    let data = serde_json::to_vec(&body).map_err(kube::Error::SerdeError)?;
+    let request = kube::core::Request::new(decided_reservations_path(ns))
+        .create(&PostParams::default(), data)
+        .map_err(kube::Error::BuildRequest)?;
+    client.request::<Reservation>(request).await
 }

@@ -14,6 +14,7 @@
 //! persisted. A relist rebuilds; [`LedgerPicture::audit`] rebuilds aside
 //! and reports where the kept ledger would write otherwise.
 
+mod asks;
 mod pod_facts;
 #[cfg(test)]
 mod proptests;
@@ -23,10 +24,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use steward_api::{Instance, Reservation, ReservationSpec, ReservationStatus, SlotClaim};
+use steward_api::{Instance, Reservation, SlotClaim};
 use steward_core::Millis;
 use steward_core::reservation::{
-    Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, Phase, ReservationLedger,
+    Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, ReservationLedger,
 };
 use steward_kube::{Change as Watch, Mirror, ObjectKey};
 
@@ -160,6 +161,12 @@ impl LedgerPicture {
             && self.reservations.listed()
             && self.pods.listed()
             && self.nodes.listed()
+    }
+
+    /// Whether the ledger is built and kept: every kind listed and no
+    /// rebuild pending.
+    pub fn kept(&self) -> bool {
+        self.ready() && !self.stale
     }
 
     /// How many times the ledger was rebuilt from every object.
@@ -498,44 +505,6 @@ impl LedgerPicture {
         let mut writes = self.rebuild(ttl_ms, now).1;
         writes.retain(|w| !self.dirty.contains(&w.object.spec.pod.uid));
         writes
-    }
-
-    /// What deciding `spec` now would say when that is a rejection, tried
-    /// on the kept ledger and forgotten: a rejection holds nothing, so it
-    /// can be answered without being written. `None`: it would be
-    /// reserved, or it cannot be tried here (the picture is not ready, the
-    /// pod is not seen, ended or bound, or already has a Reservation).
-    pub fn rejection(&mut self, spec: &ReservationSpec, now: Millis) -> Option<ReservationStatus> {
-        let uid = spec.pod.uid.as_str();
-        if !self.ready()
-            || self.stale
-            || self.by_uid.contains_key(uid)
-            || self.ledger.reservation(uid).is_some()
-        {
-            return None;
-        }
-        let pod = self.pods.get(uid)?;
-        if pod.ended.is_some() || pod.node.is_some() {
-            return None;
-        }
-        let asked = self.ledger.request_with_cpus(
-            spec.pod_ref(),
-            spec.slots.clone(),
-            spec.exclusive_cpus,
-            spec.candidates.clone(),
-            now,
-        );
-        let status = if asked.is_ok() {
-            let _ = self.ledger.decide(uid, now);
-            self.ledger
-                .reservation(uid)
-                .filter(|r| r.phase == Phase::Rejected)
-                .map(|r| ReservationStatus::from_core(r, Some(1)))
-        } else {
-            None
-        };
-        let _ = self.ledger.forget(uid);
-        status
     }
 
     /// The next reconcile rebuilds the ledger from every object.

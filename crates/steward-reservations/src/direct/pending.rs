@@ -50,6 +50,18 @@ impl Pending {
         self.by_uid.contains_key(uid)
     }
 
+    /// Stops waiting for pod `uid`: the callers of its asks, to be asked
+    /// again another way.
+    pub(crate) fn take(&mut self, uid: &str) -> Vec<oneshot::Sender<Outcome>> {
+        self.by_uid
+            .remove(uid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, reply)| reply)
+            .filter(|reply| !reply.is_closed())
+            .collect()
+    }
+
     /// How many asks wait.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -18,8 +18,11 @@
 //! the decision loop applies them: the expectations must keep the lagging
 //! events from moving the ledger back. Decisions are also made with
 //! events still queued ([`Op::Decide`]); writes are conditional on the
-//! resourceVersion decided from, as the API server makes them. No slot may
-//! ever be Reserved twice in what the API holds.
+//! resourceVersion decided from, as the API server makes them. New pods'
+//! asks are also proposed and created with their decision in one write
+//! ([`Op::Propose`]), failing when the API already holds an object of
+//! that name that the watch has not shown. No slot may ever be Reserved
+//! twice in what the API holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -70,6 +73,10 @@ enum Op {
     /// A new ask of pod `p` tried on the kept ledger for a rejection
     /// answered without a write (it must leave the ledger as it was).
     Trial(usize, usize, u32, u32, u8),
+    /// A new ask of pod `p` proposed, decided at once and created with its
+    /// decision (the batch's reconcile); retracted when its create fails.
+    /// One whose pod is not seen yet waits for it (any later reconcile).
+    Propose(usize, usize, u32, u32, u8),
     Unreserve(usize),
     DropReservation(usize),
     Pod(usize, PodIs),
@@ -97,6 +104,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..600u64).prop_map(Op::Decide),
         2 => (0..PODS, 0..2usize, 1..3u32, 0..3u32, 1..8u8)
             .prop_map(|(p, i, n, c, m)| Op::Trial(p, i, n, c, m)),
+        2 => (0..PODS, 0..2usize, 1..3u32, 0..3u32, 1..8u8)
+            .prop_map(|(p, i, n, c, m)| Op::Propose(p, i, n, c, m)),
         1 => (0..PODS).prop_map(Op::Unreserve),
         1 => (0..PODS).prop_map(Op::DropReservation),
         2 => (0..PODS, prop_oneof![
@@ -218,8 +227,8 @@ fn ask(p: usize, i: usize, n: u32, cpus: u32, m: u8) -> ReservationSpec {
 }
 
 /// Applies `op` to the cluster and tells the picture what its watches
-/// would.
-fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
+/// would; how many writes a proposal's batch made.
+fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op, now: Millis) -> usize {
     match op {
         Op::Instance(i, capacity, m) => {
             let spec = InstanceSpec {
@@ -368,8 +377,24 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op) {
             let after = pic.ledger.reservations().cloned().collect::<Vec<_>>();
             assert_eq!(before, after, "a trial changed the kept ledger");
         }
+        Op::Propose(p, i, n, cpus, m) => {
+            let spec = ask(p, i, n, cpus, m);
+            let name = format!("p{p}");
+            if pic.propose(&spec) {
+                assert!(pic.proposed(NS, &name));
+                // The loop's batch: decided and created (or not) at once,
+                // unless its pod is not seen yet.
+                let wrote = reconcile(c, pic, now);
+                assert!(
+                    !pic.proposed(NS, &name) || !pic.pod_seen(&uid(p)),
+                    "a proposal whose pod is seen outlived its batch"
+                );
+                return wrote;
+            }
+        }
         Op::Reconcile(_) | Op::Deliver(_) | Op::Decide(_) => {}
     }
+    0
 }
 
 /// One reconcile with its writes applied back as the API server and the
@@ -381,6 +406,23 @@ fn reconcile(c: &mut Cluster, pic: &mut LedgerPicture, now: Millis) -> usize {
     for w in writes {
         let p: usize = w.name.trim_start_matches('p').parse().unwrap();
         let uid = w.object.spec.pod.uid.clone();
+        if w.creates() {
+            // The API server's create: a name taken is a 409, and the
+            // loop retracts the proposal.
+            if c.reservations.contains_key(&p) {
+                pic.unwritten(&uid);
+                pic.retract(NS, &w.name);
+                continue;
+            }
+            let mut o = w.object;
+            o.metadata.uid = Some(format!("obj-{}", c.rv + 1));
+            o.metadata.generation = Some(1);
+            o.metadata.resource_version = c.rv();
+            c.reservations.insert(p, o.clone());
+            pic.written(o.clone(), now);
+            c.lag.push_back(Watch::Applied(o));
+            continue;
+        }
         let Some(current) = c.reservations.get(&p) else {
             pic.reservation_gone(NS, &w.name);
             pic.unwritten(&uid);
@@ -484,7 +526,8 @@ proptest! {
                 prop_assert!(differ.is_empty(), "a rebuild would write {differ:?}");
                 check(&c, true)?;
             } else {
-                apply(&mut c, &mut pic, op);
+                apply(&mut c, &mut pic, op, now);
+                check(&c, false)?;
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The decision loop of `steward controller`, the only writer of
-//! reservation decisions.
+//! reservation decisions ([`asks`]: the direct path's asks in it;
+//! [`write`]: a batch's writes).
 //!
 //! Replicas elect a leader on a Lease; only the leader follows the cluster
 //! and writes statuses (and, with [`ControllerConfig::device_classes`], the
@@ -8,35 +9,41 @@
 //! sent either landed — and is what the next leader restores — or did not).
 //!
 //! With [`ControllerConfig::decide`], every replica also serves the direct
-//! path ([`crate::direct`]): the leader takes extenders' asks, writes each
-//! ask itself, decides it in the same loop as every other change and
-//! answers once the decision is written.
+//! path ([`crate::direct`]): the leader takes extenders' asks, decides
+//! each in the same loop as every other change and answers once the
+//! decision is written. A new pod's ask is decided before anything is
+//! written: a rejection is answered without a write, and a reservation is
+//! created already decided, in one write. Any other ask (a renewal, or
+//! one the picture cannot decide yet) is written first, as the extender
+//! would, and decided in a later batch.
 
+mod asks;
+mod write;
+
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt as _, StreamExt};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::PostParams;
-use kube::runtime::events::EventType;
 use kube::runtime::watcher;
-use steward_api::{API_VERSION, Instance, Reservation, SlotClaim};
+use steward_api::{Instance, Reservation, SlotClaim};
 use steward_core::Millis;
-use steward_core::reservation::reservation_name;
 use steward_kube::lease::{LeaseConfig, elect_with_proof};
 use steward_kube::{EventSink, follow};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::ask::{self, Current, Written};
 use crate::direct::ENDPOINT_ANNOTATION;
 use crate::direct::client::Leader;
-use crate::direct::pending::{Ask, Outcome, Pending};
+use crate::direct::pending::Ask;
 use crate::direct::server::DecideHandle;
-use crate::ledger_picture::{LedgerPicture, Write};
+use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
+use asks::Asks;
+use write::{WRITES_IN_FLIGHT, Wrote, write};
 
 /// Where a replica serves the direct path ([`crate::direct`]).
 #[derive(Debug, Clone)]
@@ -258,35 +265,41 @@ async fn decide(
     let mut picture = LedgerPicture::default();
     let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut audited = tokio::time::Instant::now();
-    // Asks whose Reservation is being written, and those then waiting for
-    // their decision.
+    // Asks written off the loop report back here.
     let (asked, mut written) = mpsc::unbounded_channel();
-    let mut pending = Pending::default();
+    let mut held = Asks::new(client.clone(), asked);
     loop {
-        let ticked = tokio::select! {
-            Some(c) = instances.next() => { picture.instances(c); false }
-            Some(c) = claims.next() => { picture.slot_claims(c); false }
-            Some(c) = reservations.next() => { seen(&mut picture, &mut pending, c); false }
-            Some(c) = pods.next() => { picture.pods(c); false }
-            Some(c) = nodes.next() => { picture.nodes(c); false }
-            Some(a) = asks.recv() => { write_ask(&client, &mut picture, a, &asked); false }
-            Some((a, w, relists)) = written.recv() => { wait_for(&mut picture, &mut pending, a, w, relists); false }
-            _ = tick.tick() => true,
+        // Asks held for the ledger are taken as soon as it is built.
+        let ticked = if held.held() && picture.kept() {
+            false
+        } else {
+            tokio::select! {
+                Some(c) = instances.next() => { picture.instances(c); false }
+                Some(c) = claims.next() => { picture.slot_claims(c); false }
+                Some(c) = reservations.next() => { held.seen(&mut picture, c); false }
+                Some(c) = pods.next() => { picture.pods(c); false }
+                Some(c) = nodes.next() => { picture.nodes(c); false }
+                Some(a) = asks.recv() => { held.hold(a); false }
+                Some(r) = written.recv() => { held.written(&mut picture, r); false }
+                _ = tick.tick() => true,
+            }
         };
         // Take everything already waiting before deciding, so a burst is
         // one batch.
         while let Some(Some(c)) = reservations.next().now_or_never() {
-            seen(&mut picture, &mut pending, c);
+            held.seen(&mut picture, c);
         }
-        while let Ok((a, w, relists)) = written.try_recv() {
-            wait_for(&mut picture, &mut pending, a, w, relists);
+        while let Ok(r) = written.try_recv() {
+            held.written(&mut picture, r);
         }
+        held.take_held(&mut picture);
         let at = now();
         let rebuilds = picture.rebuilds();
-        let writes = picture.reconcile(ttl_ms, at);
+        let mut writes = picture.reconcile(ttl_ms, at);
         cfg.metrics
             .ledger_rebuilds
             .inc_by(picture.rebuilds().saturating_sub(rebuilds));
+        writes.retain(|w| !held.unwritten_rejection(&mut picture, w));
         // The batch's decisions come from one ledger, so no two of them
         // hold the same slot: their writes go out together, and every
         // result is applied before the next batch is decided (a written
@@ -299,18 +312,28 @@ async fn decide(
                 write(&client, &events, w).map(move |r| (uid, key, r))
             })
             .buffer_unordered(WRITES_IN_FLIGHT);
+        let mut landed = HashSet::new();
         while let Some((uid, (ns, name), written)) = results.next().await {
             match written {
-                Wrote::Done(written) => own(&mut picture, &mut pending, *written),
+                Wrote::Done(written) => {
+                    held.own(&mut picture, *written);
+                    landed.insert(uid);
+                }
                 Wrote::Gone => {
                     picture.reservation_gone(&ns, &name);
                     picture.unwritten(&uid);
                 }
                 Wrote::Not => picture.unwritten(&uid),
+                Wrote::Unserved => {
+                    picture.unwritten(&uid);
+                    held.unserved();
+                }
             }
         }
+        drop(results);
+        held.settle_proposals(&mut picture, &landed);
         if ticked {
-            pending.sweep();
+            held.sweep();
             let gave_up = picture.forget_expected(Millis(at.0.saturating_sub(ECHO_WAIT_MS)));
             if gave_up > 0 {
                 tracing::warn!(
@@ -333,128 +356,9 @@ async fn decide(
     }
 }
 
-/// Status writes of one batch sent at once, at most.
-const WRITES_IN_FLIGHT: usize = 32;
-
-/// How often an ask's Reservation is written again after losing a write
-/// race (409) before the ask is answered with the error.
-const WRITE_ATTEMPTS: usize = 8;
-
-/// A Reservation as written or watched: into the picture, and to the asks
-/// it answers.
-fn seen(picture: &mut LedgerPicture, pending: &mut Pending, c: steward_kube::Change<Reservation>) {
-    if let steward_kube::Change::Applied(r) = &c
-        && pending.wants(&r.spec.pod.uid)
-    {
-        pending.offer(r);
-    }
-    picture.reservations(c);
-}
-
-/// A status as this controller's write returned it.
-fn own(picture: &mut LedgerPicture, pending: &mut Pending, r: Reservation) {
-    if pending.wants(&r.spec.pod.uid) {
-        pending.offer(&r);
-    }
-    picture.written(r, now());
-}
-
 /// Longest a write's watch event is awaited before its key's events are
 /// taken again.
 const ECHO_WAIT_MS: u64 = 30_000;
-
-/// Writes an ask's Reservation (create or renew, as the extender would),
-/// off the loop: the result comes back on `done`.
-///
-/// A new ask that would be rejected is answered from the kept ledger
-/// without a write: a rejection holds nothing, and the scheduler retries
-/// the pod (each retry asks again). Only what holds capacity is persisted.
-fn write_ask(
-    client: &kube::Client,
-    picture: &mut LedgerPicture,
-    a: Ask,
-    done: &mpsc::UnboundedSender<(Ask, Result<Written, kube::Error>, u64)>,
-) {
-    let relists = picture.relists();
-    let ns = a.spec.pod.namespace.clone();
-    let rname = reservation_name(&ns, &a.spec.pod.name);
-    let mut current = if picture.ready() {
-        picture
-            .reservation(&ns, &rname)
-            .map_or(Current::Absent, |r| Current::Seen(Box::new(r.clone())))
-    } else {
-        Current::Unknown
-    };
-    if matches!(current, Current::Absent)
-        && let Some(status) = picture.rejection(&a.spec, now())
-    {
-        let mut r = Reservation::new(&rname, a.spec);
-        r.metadata.namespace = Some(ns);
-        r.status = Some(status);
-        let _ = a.reply.send(Outcome::Rejected(Box::new(r)));
-        return;
-    }
-    let api = Api::<Reservation>::namespaced(client.clone(), &ns);
-    let done = done.clone();
-    tokio::spawn(async move {
-        let mut attempt = 0;
-        let result = loop {
-            attempt += 1;
-            match ask::write(&api, &rname, &a.spec, current).await {
-                Err(kube::Error::Api(e)) if e.code == 409 && attempt < WRITE_ATTEMPTS => {
-                    tracing::debug!(reservation = %rname, attempt, "Reservation changed meanwhile; writing the ask again");
-                    current = Current::Unknown;
-                }
-                r => break r,
-            }
-        };
-        // The loop is gone (no longer leading): the ask's caller hears so
-        // when its reply is dropped.
-        let _ = done.send((a, result, relists));
-    });
-}
-
-/// An ask's Reservation is written: the object goes into the picture (its
-/// pod is decided in this batch) and the ask waits for the decision.
-fn wait_for(
-    picture: &mut LedgerPicture,
-    pending: &mut Pending,
-    a: Ask,
-    result: Result<Written, kube::Error>,
-    relists: u64,
-) {
-    let uid = a.spec.pod.uid.clone();
-    match result {
-        Ok(Written::Answered(r)) => {
-            let _ = a.reply.send(Outcome::Decided(r));
-        }
-        Ok(Written::Wait { target, written }) => {
-            pending.wait(uid.clone(), target, a.reply);
-            let applied = written.is_some_and(|w| picture.written_ask(*w, relists, now()));
-            if !applied {
-                // The picture shows this object already (its watch event
-                // came first, and it may be decided already) or the ask
-                // left it as it was: answer from it, and look at it again.
-                let ns = &a.spec.pod.namespace;
-                if let Some(r) = picture
-                    .reservation(ns, &reservation_name(ns, &a.spec.pod.name))
-                    .cloned()
-                {
-                    pending.offer(&r);
-                }
-                picture.unwritten(&uid);
-            }
-        }
-        Err(kube::Error::Api(e)) if e.code == 422 => {
-            let _ = a.reply.send(Outcome::Refused(e.message));
-        }
-        Err(e) => {
-            let _ = a.reply.send(Outcome::Failed(format!(
-                "writing the pod's Reservation failed: {e}"
-            )));
-        }
-    }
-}
 
 /// Compares the kept ledger with one rebuilt from every object; where they
 /// differ, says so and rebuilds.
@@ -479,72 +383,4 @@ fn audit(picture: &mut LedgerPicture, ttl_ms: u64, at: Millis, metrics: &Control
         "audit: the kept reservation ledger differs from one rebuilt from every object; rebuilding"
     );
     picture.invalidate();
-}
-
-/// What a status write came to.
-enum Wrote {
-    Done(Box<Reservation>),
-    /// The object is gone.
-    Gone,
-    /// Not written (a conflict, the API failing): decided again.
-    Not,
-}
-
-/// Writes one status under the resourceVersion it was decided from; a
-/// conflict is left to the next rebuild (the watch brings the newer object).
-async fn write(client: &kube::Client, events: &EventSink, w: Write) -> Wrote {
-    let api = Api::<Reservation>::namespaced(client.clone(), &w.namespace);
-    let status = w.object.status.clone().unwrap_or_default();
-    match api
-        .replace_status(&w.name, &PostParams::default(), &w.object)
-        .await
-    {
-        Ok(written) => {
-            tracing::debug!(reservation = %w.name, phase = %status.phase, "decided");
-            if w.from.as_deref() != Some(status.phase.as_str()) {
-                let (type_, note) = match status.phase.as_str() {
-                    "Reserved" => (
-                        EventType::Normal,
-                        format!(
-                            "reserved {} on {}",
-                            status.slots.join(", "),
-                            status.node.as_deref().unwrap_or("?")
-                        ),
-                    ),
-                    "Rejected" => (
-                        EventType::Warning,
-                        status.reason.clone().unwrap_or_default(),
-                    ),
-                    _ => (EventType::Normal, status.reason.clone().unwrap_or_default()),
-                };
-                events.emit(
-                    reservation_ref(&w.namespace, &w.name),
-                    type_,
-                    &status.phase,
-                    "Decide",
-                    note,
-                );
-            }
-            Wrote::Done(Box::new(written))
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            tracing::debug!(reservation = %w.name, "changed since read; deciding again");
-            Wrote::Not
-        }
-        Err(kube::Error::Api(e)) if e.code == 404 => Wrote::Gone,
-        Err(e) => {
-            tracing::warn!(reservation = %w.name, error = %e, "writing a decision failed");
-            Wrote::Not
-        }
-    }
-}
-
-fn reservation_ref(namespace: &str, name: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(API_VERSION.into()),
-        kind: Some("Reservation".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        ..ObjectReference::default()
-    }
 }
