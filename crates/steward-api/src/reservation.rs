@@ -66,6 +66,9 @@ pub fn decided_reservations_path(namespace: &str) -> String {
     namespaced,
     status = "ReservationStatus",
     shortname = "srsv",
+    // A node follows only the Reservations held on it (its resource
+    // manager's CPU holds): a field selector on the chosen node.
+    selectable = ".status.node",
     derive = "PartialEq",
     doc = "Capacity held for one pod at scheduling time: requested by the scheduler extender, decided by the steward controller.",
     printcolumn(

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{Stream, StreamExt};
 use kube::Api;
+use kube::api::ListParams;
 use kube::runtime::watcher;
 use steward_api::Reservation;
 use steward_core::cpu::{Assignment, ContainerKey, CpuSet, PolicyConfig, PolicyKind, Topology};
@@ -76,13 +77,33 @@ pub fn holds_of<'a>(node: &str, all: impl IntoIterator<Item = &'a Reservation>) 
         .collect()
 }
 
-/// The holds on `node`, anew after every change of any Reservation (from
-/// the first list on; a watch that fails is retried with backoff and the
-/// holds last seen stay).
+/// The holds on `node`, anew after every change of a Reservation held
+/// there (from the first list on; a watch that fails is retried with
+/// backoff and the holds last seen stay). Only those are followed: a field
+/// selector on `status.node` (a selectable field of the CRD), so a
+/// decision on another node costs this node nothing, and one that leaves
+/// it arrives as a deletion. An API server that refuses the selector (the
+/// CRDs are older than this node: 400) is watched whole, as before.
 pub fn watch_holds(client: kube::Client, node: String) -> impl Stream<Item = Holds> + Send {
     let api: Api<Reservation> = Api::all(client);
     let mut all: Mirror<Reservation> = Mirror::new();
-    follow(api, watcher::Config::default()).filter_map(move |change| {
+    let selector = format!("status.node={node}");
+    let probe = {
+        let api = api.clone();
+        async move {
+            let here = ListParams::default().fields(&selector).limit(1);
+            match api.list_metadata(&here).await {
+                Err(kube::Error::Api(e)) if e.code == 400 => {
+                    tracing::warn!(error = %e.message, "the API server refuses a field selector on Reservations' status.node (CRDs older than this node): following every Reservation");
+                    watcher::Config::default()
+                }
+                _ => watcher::Config::default().fields(&selector),
+            }
+        }
+    };
+    futures::stream::once(probe)
+        .flat_map(move |config| follow(api.clone(), config))
+        .filter_map(move |change| {
         let changed = match all.apply(change) {
             Ok(_) => true,
             Err(e) => {
