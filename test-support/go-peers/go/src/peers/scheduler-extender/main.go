@@ -14,6 +14,9 @@
 // input, an answer in a form kube-scheduler does not read), 2 on a bad
 // scenario.
 //
+// With a "race" in the scenario it runs kube-scheduler replicas against
+// extender replicas at once and prints a summary instead (race.go).
+//
 // Usage:
 //
 //	scheduler-extender -scenario file.json   ("-": standard input)
@@ -51,6 +54,8 @@ type Scenario struct {
 	// Concurrency: pods scheduled at once (several scheduler replicas or
 	// profiles); 1 (the default) is one scheduler's queue.
 	Concurrency int `json:"concurrency"`
+	// Race: run the pods as a race of Concurrency schedulers (race.go).
+	Race *RaceConfig `json:"race"`
 }
 
 // NodeSpec is a Node the scheduler has in its cache.
@@ -125,6 +130,9 @@ type Line struct {
 var (
 	outMu      sync.Mutex
 	violations int
+	// quiet: print only the lines that record a failed call (a race
+	// prints its summary instead of one line per call).
+	quiet bool
 )
 
 func emit(l Line) {
@@ -133,7 +141,15 @@ func emit(l Line) {
 	if l.Violation != "" {
 		violations++
 	}
-	b, err := json.Marshal(l)
+	if quiet && l.Violation == "" && (l.Error == "" || l.Call == "schedule") {
+		return
+	}
+	writeLine(l)
+}
+
+// writeLine prints v as one JSON line; the caller holds outMu.
+func writeLine(v interface{}) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "encoding a line: %v\n", err)
 		os.Exit(2)
@@ -210,7 +226,7 @@ func main() {
 	if *url != "" {
 		sc.Extender.URLPrefix = *url
 	}
-	if sc.Extender.URLPrefix == "" {
+	if sc.Extender.URLPrefix == "" && (sc.Race == nil || len(sc.Race.URLPrefixes) == 0) {
 		fail("no extender urlPrefix")
 	}
 
@@ -238,35 +254,43 @@ func main() {
 		}
 	}
 
-	ext := NewHTTPExtender(sc.Extender)
+	// nodesOf: the nodes the in-tree plugins left feasible for a pod.
+	nodesOf := func(pc PodCase) []*v1.Node {
+		cands := pc.Candidates
+		if len(cands) == 0 {
+			cands = all
+		}
+		nodes := make([]*v1.Node, 0, len(cands))
+		for _, c := range cands {
+			nodes = append(nodes, nodeByName[c])
+		}
+		return nodes
+	}
 	workers := sc.Concurrency
 	if workers < 1 {
 		workers = 1
 	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				cands := sc.Pods[i].Candidates
-				if len(cands) == 0 {
-					cands = all
+	if sc.Race != nil {
+		runRace(sc, workers, pods, nodesOf)
+	} else {
+		ext := NewHTTPExtender(sc.Extender)
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					schedule(ext, sc.Pods[i], pods[i], nodesOf(sc.Pods[i]), nil)
 				}
-				nodes := make([]*v1.Node, 0, len(cands))
-				for _, c := range cands {
-					nodes = append(nodes, nodeByName[c])
-				}
-				schedule(ext, sc.Pods[i], pods[i], nodes)
-			}
-		}()
+			}()
+		}
+		for i := range pods {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
 	}
-	for i := range pods {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
 	if violations > 0 {
 		fmt.Fprintf(os.Stderr, "scheduler-extender: %d protocol violation(s) by the extender\n", violations)
 		os.Exit(1)
@@ -275,16 +299,20 @@ func main() {
 
 // schedule runs one scheduling attempt of pod over the feasible nodes
 // (those the in-tree plugins passed), as kube-scheduler's schedulePod does
-// with one extender.
-func schedule(ext *HTTPExtender, pc PodCase, pod *v1.Pod, feasible []*v1.Node) {
+// with one extender, and returns its "schedule" line. afterFilter (if not
+// nil) is given the Filter's outcome as soon as it is answered.
+func schedule(ext *HTTPExtender, pc PodCase, pod *v1.Pod, feasible []*v1.Node, afterFilter func(FilterOutcome)) (result Line) {
 	who := pod.Namespace + "/" + pod.Name
-	result := Line{Pod: who, Call: "schedule", Diagnosis: map[string]string{}}
+	result = Line{Pod: who, Call: "schedule", Diagnosis: map[string]string{}}
 	defer func() { emit(result) }()
 
 	// findNodesThatPassExtenders.
 	interested := ext.IsInterested(pod)
 	if interested && len(feasible) > 0 {
 		o := ext.Filter(pod, feasible)
+		if afterFilter != nil {
+			afterFilter(o)
+		}
 		l := Line{
 			Pod: who, Call: "filter", Sent: true, Status: o.Status, LatencyMS: o.LatencyMS,
 			Passed: o.Passed, FailedNodes: o.FailedNodes,
@@ -350,6 +378,7 @@ func schedule(ext *HTTPExtender, pc PodCase, pod *v1.Pod, feasible []*v1.Node) {
 		st, msg, err := podVerb(ext, "unreserve", podVerbBody{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Reason: pc.Unreserve})
 		emitVerb(who, "unreserve", st, msg, err, []int{http.StatusOK})
 	}
+	return
 }
 
 // prioritize is prioritizeNodes with one extender and no score plugins:
