@@ -1,9 +1,12 @@
 //! Kubernetes mode: watch Node objects; a deleted Node is removed from every
-//! Instance by whichever agent sees the deletion (idempotent).
+//! Instance by whichever agent sees the deletion (idempotent). Only their
+//! metadata is followed: every agent sees every Node's changes, and a Node
+//! whole is kilobytes of status nobody here reads.
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
@@ -14,7 +17,7 @@ use tokio::sync::mpsc;
 /// down is not inferred from a re-list (a node whose Node object is merely
 /// late must not be evicted from its own Instances).
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<String>) {
-    let api = Api::<Node>::all(client);
+    let api = Api::<PartialObjectMeta<Node>>::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .backoff(steward_kube::backoff())
         .boxed();
