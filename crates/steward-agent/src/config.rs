@@ -96,6 +96,11 @@ pub struct AgentConfig {
     /// Publish the node's devices as `resource.k8s.io/v1` ResourceSlices
     /// (Kubernetes mode only; [`crate::dra`]).
     pub dra_slices: bool,
+    /// Follow the Nodes and remove a deleted one from the Instances
+    /// (Kubernetes mode). Off where `steward controller` runs: its leader
+    /// does this with one watch, where every agent's own would receive
+    /// every Node's every change.
+    pub follow_node_deletions: bool,
     /// How the slices publish Instances of several slots: one device per
     /// slot, or one device with consumable capacity
     /// ([`steward_core::dra::Layout`]).
@@ -126,6 +131,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("timings", &self.timings)
             .field("device_plugins", &self.device_plugins)
             .field("dra_slices", &self.dra_slices)
+            .field("follow_node_deletions", &self.follow_node_deletions)
             .field("dra_layout", &self.dra_layout)
             .field("dra_plugin", &self.dra_plugin)
             .finish()
@@ -156,6 +162,7 @@ impl AgentConfig {
             readiness: steward_nodeio::Readiness::new(),
             store_wait: Duration::from_secs(60),
             dra_slices: false,
+            follow_node_deletions: true,
             dra_layout: steward_core::dra::Layout::PerSlot,
             dra_plugin: None,
         }

@@ -101,7 +101,11 @@ pub async fn run(
             let (events, events_task) = events::EventSink::start(client.clone(), &cfg.node_name);
             background.push(events_task);
             background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
-            background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+            if cfg.follow_node_deletions {
+                background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+            } else {
+                drop(node_tx);
+            }
             if cfg.dra_slices {
                 let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
                 let layout = cfg.dra_layout;

@@ -10,6 +10,8 @@
 //! * [`deviceclass`]: with `--dra-device-classes`, the leader also keeps
 //!   one `resource.k8s.io/v1` DeviceClass per Configuration, selecting
 //!   that Configuration's devices by CEL.
+//! * [`node_gone`]: the leader removes deleted Nodes from the Instances
+//!   (deleting Instances no node sees any more).
 //! * [`metrics`]: the controller's leadership and the Reservations by
 //!   phase, for Prometheus.
 //! * [`extender`]: `steward extender`, kube-scheduler's Filter and
@@ -24,6 +26,7 @@ pub mod extender;
 mod http;
 pub mod ledger_picture;
 pub mod metrics;
+pub mod node_gone;
 
 pub use decision_loop::{ControllerConfig, ControllerError, DecideConfig, run};
 pub use metrics::ControllerMetrics;

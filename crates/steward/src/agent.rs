@@ -89,6 +89,21 @@ pub struct AgentArgs {
     /// warning says so.
     #[arg(long, requires = "dra")]
     dra_consumable_capacity: bool,
+    /// Who removes a deleted Node from the Instances: `agent` (every agent
+    /// follows every Node, each receiving every Node's every change) or
+    /// `controller` (the leader of `steward controller` does, with one
+    /// watch; give it where the controller runs).
+    #[arg(long, value_enum, default_value_t = DeletedNodes::Agent, conflicts_with = "standalone")]
+    deleted_nodes: DeletedNodes,
+}
+
+/// Who removes a deleted Node from the Instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeletedNodes {
+    /// Every agent follows the Nodes.
+    Agent,
+    /// The controller's leader does; the agents do not follow the Nodes.
+    Controller,
 }
 
 #[derive(Debug, clap::Args)]
@@ -150,6 +165,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;
+    cfg.follow_node_deletions = args.deleted_nodes == DeletedNodes::Agent;
     if args.dra_consumable_capacity {
         cfg.dra_layout = steward_core::dra::Layout::Consumable;
     }

@@ -59,6 +59,12 @@ pub struct ControllerArgs {
     /// 0.0.0.0). Needs --decide-listen.
     #[arg(long, env = "STEWARD_DECIDE_ADVERTISE", value_name = "URL")]
     decide_advertise: Option<String>,
+    /// The leader removes a deleted Node from the Instances at once; a node
+    /// that Instances name but that has no Node object (a deletion missed
+    /// while no replica led) is removed once it has stayed absent this
+    /// long.
+    #[arg(long, default_value = "1m", value_parser = crate::agent::parse_duration)]
+    deleted_node_grace: Duration,
 }
 
 impl ControllerArgs {
@@ -109,6 +115,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.ttl = args.reservation_ttl;
     cfg.device_classes = args.dra_device_classes;
     cfg.decide = decide;
+    if let Some(gone) = cfg.node_gone.as_mut() {
+        gone.grace = args.deleted_node_grace;
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     cfg.metrics = steward_reservations::ControllerMetrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {

@@ -42,6 +42,7 @@ use crate::direct::pending::Ask;
 use crate::direct::server::DecideHandle;
 use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
+use crate::node_gone::{self, NodeGoneConfig};
 use asks::Asks;
 use write::{WRITES_IN_FLIGHT, Wrote, write};
 
@@ -86,6 +87,10 @@ pub struct ControllerConfig {
     /// predecessor had sent when it died land first, and are in the lists
     /// it decides from.
     pub takeover_horizon: Duration,
+    /// The leader removes deleted Nodes from the Instances
+    /// ([`crate::node_gone`]); `None`: the agents do (each follows every
+    /// Node), or nobody.
+    pub node_gone: Option<NodeGoneConfig>,
 }
 
 impl ControllerConfig {
@@ -101,6 +106,7 @@ impl ControllerConfig {
             metrics: ControllerMetrics::default(),
             decide: None,
             takeover_horizon: Duration::from_millis(300),
+            node_gone: Some(NodeGoneConfig::default()),
         }
     }
 }
@@ -211,6 +217,7 @@ pub async fn run(
         let ended = tokio::select! {
             () = decide(client.clone(), &cfg, events.clone(), &mut asked) => false,
             () = device_classes(client.clone(), cfg.device_classes, events.clone()) => false,
+            () = nodes_gone(client.clone(), cfg.node_gone.clone(), events.clone()) => false,
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
                 false
@@ -238,6 +245,15 @@ pub async fn run(
 async fn device_classes(client: kube::Client, on: bool, events: EventSink) {
     if on {
         crate::deviceclass::maintain(client, events).await;
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Removes deleted Nodes from the Instances while leading when asked;
+/// never returns.
+async fn nodes_gone(client: kube::Client, cfg: Option<NodeGoneConfig>, events: EventSink) {
+    if let Some(cfg) = cfg {
+        node_gone::maintain(client, cfg, events).await;
     }
     std::future::pending::<()>().await;
 }
