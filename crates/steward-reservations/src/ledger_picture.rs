@@ -94,6 +94,13 @@ pub struct Write {
     pub object: Reservation,
     /// The phase it moves from (`None`: no status yet).
     pub from: Option<String>,
+    /// Whether the change is worth an Event: a rejection, or a
+    /// cancellation its pod outlives (unreserved by the scheduler, expired,
+    /// its node gone, the pod Failed at admission). A reservation made,
+    /// consumed, or canceled with its pod (deleted, Succeeded) says so in
+    /// its status only: at a hundred pods a second, an Event each would
+    /// double the writes.
+    pub announce: bool,
 }
 
 impl Default for LedgerPicture {
@@ -490,7 +497,10 @@ impl LedgerPicture {
         touched
             .iter()
             .filter_map(|uid| self.reservation_of(uid))
-            .filter_map(|r| write_for(r, &self.ledger, &self.consumed, now))
+            .filter_map(|r| {
+                let lives = self.pod_lives(&r.spec.pod.uid);
+                write_for(r, &self.ledger, &self.consumed, now, lives)
+            })
             .collect()
     }
 

@@ -276,6 +276,12 @@ async fn a_shared_instance_is_reserved_once_cluster_wide() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A reservation made says so in its status only (the Events go out in
+    // the order decided: p1's and p2's would be in by now).
+    for name in ["p1", "p2"] {
+        let e = events_for(&api, name).await;
+        assert!(e.is_empty(), "an Event on a Reserved {name}: {e:?}");
+    }
     // The metrics say the same: this replica leads; two Reserved, one
     // Rejected, none waiting.
     let phase = |p: &str| {

@@ -1,6 +1,7 @@
 //! Writing a batch's decisions: a status replaced under the
 //! resourceVersion it was decided from, or a proposed Reservation created
-//! with its decision; an Event on each phase change.
+//! with its decision; an Event on a rejection or a cancellation the pod
+//! outlives.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Api;
@@ -41,16 +42,8 @@ pub(super) async fn write(client: &kube::Client, events: &EventSink, w: Write) -
     match written {
         Ok(written) => {
             tracing::debug!(reservation = %w.name, phase = %status.phase, "decided");
-            if w.from.as_deref() != Some(status.phase.as_str()) {
+            if w.announce {
                 let (type_, note) = match status.phase.as_str() {
-                    "Reserved" => (
-                        EventType::Normal,
-                        format!(
-                            "reserved {} on {}",
-                            status.slots.join(", "),
-                            status.node.as_deref().unwrap_or("?")
-                        ),
-                    ),
                     "Rejected" => (
                         EventType::Warning,
                         status.reason.clone().unwrap_or_default(),

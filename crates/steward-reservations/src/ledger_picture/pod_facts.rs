@@ -10,6 +10,9 @@ pub struct PodFacts {
     /// Why it will never use a reservation (ended, refused by its node,
     /// being deleted); `None` while it may.
     pub ended: Option<String>,
+    /// Being deleted or Succeeded: nobody reads an Event about its
+    /// Reservation (which goes with it).
+    pub gone: bool,
 }
 
 impl PodFacts {
@@ -36,6 +39,7 @@ impl PodFacts {
         } else {
             None
         };
-        PodFacts { node, ended }
+        let gone = p.metadata.deletion_timestamp.is_some() || phase == Some("Succeeded");
+        PodFacts { node, ended, gone }
     }
 }

@@ -68,7 +68,10 @@ impl LedgerPicture {
         let writes = self
             .reservations
             .values()
-            .filter_map(|r| write_for(r, &ledger, &consumed, now))
+            .filter_map(|r| {
+                let lives = self.pod_lives(&r.spec.pod.uid);
+                write_for(r, &ledger, &consumed, now, lives)
+            })
             .collect();
         (Rebuilt { ledger, consumed }, writes)
     }
@@ -133,6 +136,13 @@ impl LedgerPicture {
         }
     }
 
+    /// Whether pod `uid` is seen and neither being deleted nor Succeeded
+    /// (an Event about its Reservation has a reader; a Failed pod's says
+    /// why, e.g. its node's admission refused it).
+    pub(super) fn pod_lives(&self, uid: &str) -> bool {
+        self.pods.get(uid).is_some_and(|p| !p.gone)
+    }
+
     /// The core's reservation as `r`'s status recorded it; a reservation
     /// on a node that is gone is recorded canceled.
     pub(super) fn recorded(&self, r: &Reservation, s: &ReservationStatus) -> core::Reservation {
@@ -157,6 +167,7 @@ pub(super) fn write_for(
     ledger: &ReservationLedger,
     consumed: &BTreeSet<String>,
     now: Millis,
+    pod_lives: bool,
 ) -> Option<Write> {
     let uid = r.spec.pod.uid.as_str();
     let generation = r.metadata.generation;
@@ -186,12 +197,19 @@ pub(super) fn write_for(
     }
     let mut object = r.clone();
     let from = r.status.as_ref().map(|s| s.phase.clone());
+    let announce = from.as_deref() != Some(wanted.phase.as_str())
+        && match wanted.phase.as_str() {
+            "Rejected" => true,
+            "Canceled" => pod_lives,
+            _ => false,
+        };
     object.status = Some(wanted);
     Some(Write {
         namespace: r.namespace().unwrap_or_default(),
         name: r.name_any(),
         object,
         from,
+        announce,
     })
 }
 

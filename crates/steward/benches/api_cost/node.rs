@@ -133,6 +133,9 @@ impl SimNode {
         // `--dra` without its kubelet plugin (no kubelet to register with):
         // the ResourceSlices and their watches.
         cfg.dra_slices = dra;
+        // As the chart runs it beside the controller: the controller's
+        // leader follows the Node deletions.
+        cfg.follow_node_deletions = false;
         let stop = CancellationToken::new();
         let agent = tokio::spawn({
             let (stop, name) = (stop.clone(), name.clone());
