@@ -101,6 +101,10 @@ pub struct AgentConfig {
     /// does this with one watch, where every agent's own would receive
     /// every Node's every change.
     pub follow_node_deletions: bool,
+    /// Follow only the Instances, SlotClaims and Reservations labeled with
+    /// this node ([`crate::selection`]) instead of every one in the
+    /// cluster. Needs the controller, which keeps the labels.
+    pub select_by_node_labels: bool,
     /// How the slices publish Instances of several slots: one device per
     /// slot, or one device with consumable capacity
     /// ([`steward_core::dra::Layout`]).
@@ -132,6 +136,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("device_plugins", &self.device_plugins)
             .field("dra_slices", &self.dra_slices)
             .field("follow_node_deletions", &self.follow_node_deletions)
+            .field("select_by_node_labels", &self.select_by_node_labels)
             .field("dra_layout", &self.dra_layout)
             .field("dra_plugin", &self.dra_plugin)
             .finish()
@@ -163,6 +168,7 @@ impl AgentConfig {
             store_wait: Duration::from_secs(60),
             dra_slices: false,
             follow_node_deletions: true,
+            select_by_node_labels: false,
             dra_layout: steward_core::dra::Layout::PerSlot,
             dra_plugin: None,
         }

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node_store;
 mod nodes;
 pub mod pod_resources;
+pub mod selection;
 mod slot_keeper;
 pub mod source;
 pub mod status;
@@ -109,6 +110,7 @@ pub async fn run(
             if cfg.dra_slices {
                 let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
                 let layout = cfg.dra_layout;
+                let select = cfg.select_by_node_labels;
                 dra_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                     // An older cluster: one warning, no ResourceSlices; the
                     // device plugins and the rest go on.
@@ -119,7 +121,8 @@ pub async fn run(
                     )
                     .await
                     {
-                        dra::publish(client, node, layout, stop).await;
+                        let selection = cfg_selection(select, &node);
+                        dra::publish(client, node, layout, selection, stop).await;
                     }
                 })));
             }
@@ -223,6 +226,15 @@ pub async fn run(
     result
 }
 
+/// What the agent of `node` follows of the steward objects.
+fn cfg_selection(by_node_labels: bool, node: &str) -> selection::Selection {
+    if by_node_labels {
+        selection::Selection::node(node)
+    } else {
+        selection::Selection::all()
+    }
+}
+
 /// The device plugins of this node, with the claim stores they use.
 #[allow(clippy::too_many_arguments)]
 fn device_plugins(
@@ -235,12 +247,16 @@ fn device_plugins(
     view: Option<std::sync::Arc<steward_podresources::Hub>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let selection = cfg_selection(cfg.select_by_node_labels, &cfg.node_name);
+    let mut dp = dp;
+    dp.selection = selection.clone();
     let directory = claims::InstanceDirectory::new();
     let mut parts = deviceplugin::DevicePluginParts {
         node: cfg.node_name.clone(),
         client: client.clone(),
         local: claims::LocalClaimStore::new(state),
-        cluster: claims::KubeClaimStore::new(client.clone(), directory.clone()),
+        cluster: claims::KubeClaimStore::new(client.clone(), directory.clone())
+            .with_selection(selection.clone()),
         config: dp,
         metrics,
         directory: Some(directory),
@@ -256,7 +272,7 @@ fn device_plugins(
             Box::pin(dra::kubelet::serve(core, client, dra, readiness))
         }));
     }
-    let run = deviceplugin::run(parts, claims::watch_claims(client), shutdown);
+    let run = deviceplugin::run(parts, claims::watch_claims(client, selection), shutdown);
     async move {
         if let Err(e) = run.await {
             tracing::error!(error = %e, "device plugins failed");

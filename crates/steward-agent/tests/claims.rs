@@ -516,7 +516,10 @@ async fn watch_reports_other_nodes_claims_and_their_deletion() {
     let existing = pending("node-a", "cam-0", 1);
     a.write(&existing).await.unwrap();
 
-    let mut events = Box::pin(watch_claims(server.client()));
+    let mut events = Box::pin(watch_claims(
+        server.client(),
+        steward_agent::selection::Selection::all(),
+    ));
     assert_eq!(
         next(&mut events).await,
         ClaimEvent::Relisted(vec![existing])

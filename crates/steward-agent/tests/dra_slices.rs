@@ -38,6 +38,7 @@ impl Agent {
             api.client(),
             node.to_owned(),
             steward_core::dra::Layout::PerSlot,
+            steward_agent::selection::Selection::all(),
             stop.clone(),
         ));
         Self { stop, task }

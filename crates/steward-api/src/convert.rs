@@ -169,13 +169,15 @@ pub fn new_instance(
     let key = config_key(config)?;
     let owner = owner_reference(config)?;
     let spec = InstanceSpec::from_device(&key.name, name, device, shared, nodes, capacity);
+    let mut metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(key.namespace),
+        owner_references: Some(vec![owner]),
+        ..ObjectMeta::default()
+    };
+    crate::set_node_labels(&mut metadata, nodes);
     Ok(Instance {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(key.namespace),
-            owner_references: Some(vec![owner]),
-            ..ObjectMeta::default()
-        },
+        metadata,
         spec,
         status: None,
     })

@@ -7,6 +7,7 @@ mod configuration;
 mod convert;
 mod instance;
 mod instance_status;
+mod node_labels;
 mod reservation;
 mod slotclaim;
 
@@ -15,6 +16,7 @@ pub use configuration::*;
 pub use convert::*;
 pub use instance::*;
 pub use instance_status::*;
+pub use node_labels::*;
 pub use reservation::*;
 pub use slotclaim::*;
 

@@ -12,6 +12,8 @@
 //!   that Configuration's devices by CEL.
 //! * [`node_gone`]: the leader removes deleted Nodes from the Instances
 //!   (deleting Instances no node sees any more).
+//! * [`node_labels`]: the leader keeps the node-membership labels the
+//!   agents' selected watches follow.
 //! * [`metrics`]: the controller's leadership and the Reservations by
 //!   phase, for Prometheus.
 //! * [`extender`]: `steward extender`, kube-scheduler's Filter and
@@ -27,6 +29,7 @@ mod http;
 pub mod ledger_picture;
 pub mod metrics;
 pub mod node_gone;
+pub mod node_labels;
 
 pub use decision_loop::{ControllerConfig, ControllerError, DecideConfig, run};
 pub use metrics::ControllerMetrics;

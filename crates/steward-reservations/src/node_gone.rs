@@ -237,6 +237,7 @@ async fn write(
         InstanceOp::RemoveNode { node, .. } => {
             let mut next = instance.clone();
             next.spec.nodes.retain(|n| n != node);
+            steward_api::set_node_labels(&mut next.metadata, &next.spec.nodes.clone());
             api.replace(name, &PostParams::default(), &next).await?;
             Ok(Some(format!(
                 "still seen by {}",

@@ -197,11 +197,19 @@ async fn with_older_crds_the_leader_writes_the_ask_and_the_decision_apart() {
     crds.replace(name, &PostParams::default(), &older)
         .await
         .unwrap();
+    // Creates and status writes (the leader's node-label patch after the
+    // status write is neither).
     let writes = |stats: &steward_testing_apiserver::Stats| {
-        (
-            stats.writes_for("reservations.steward.dev"),
-            stats.writes_for("reservations.steward.dev/status"),
-        )
+        let creates = stats
+            .components()
+            .iter()
+            .map(|c| {
+                stats
+                    .client(c, "create", "reservations.steward.dev")
+                    .requests
+            })
+            .sum::<u64>();
+        (creates, stats.writes_for("reservations.steward.dev/status"))
     };
     for (i, pod) in ["p1", "p2"].into_iter().enumerate() {
         let before = writes(&s.api.stats());
@@ -222,6 +230,28 @@ async fn with_older_crds_the_leader_writes_the_ask_and_the_decision_apart() {
         assert_eq!(after.1 - before.1, 1, "{pod}: one status write");
         if i == 1 {
             assert_eq!(after.0 - before.0, 1, "{pod}: one create");
+        }
+        // Written the two-write way, it gets its node labels just after
+        // (the nodes that see "cam": n1..n3).
+        let want: Vec<String> = ["n1", "n2", "n3"]
+            .iter()
+            .map(|n| steward_api::node_label_key(n))
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = Api::<Reservation>::namespaced(s.api.client(), NS)
+                .get(pod)
+                .await
+                .unwrap();
+            let labels = r.metadata.labels.unwrap_or_default();
+            if want.iter().all(|k| labels.contains_key(k)) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{pod}: never labeled for the nodes that see its Instance: {labels:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -95,6 +95,13 @@ pub struct AgentArgs {
     /// watch; give it where the controller runs).
     #[arg(long, value_enum, default_value_t = DeletedNodes::Agent, conflicts_with = "standalone")]
     deleted_nodes: DeletedNodes,
+    /// Follow only the Instances, SlotClaims and Reservations labeled with
+    /// this node (steward.dev/n-<hash of the node name>), instead of every
+    /// one in the cluster, so that each change reaches only the nodes that
+    /// see its Instance. Needs `steward controller`, whose leader keeps the
+    /// labels (on objects written before them too).
+    #[arg(long, conflicts_with = "standalone")]
+    select_by_node_labels: bool,
 }
 
 /// Who removes a deleted Node from the Instances.
@@ -166,6 +173,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;
     cfg.follow_node_deletions = args.deleted_nodes == DeletedNodes::Agent;
+    cfg.select_by_node_labels = args.select_by_node_labels;
     if args.dra_consumable_capacity {
         cfg.dra_layout = steward_core::dra::Layout::Consumable;
     }

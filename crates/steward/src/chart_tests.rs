@@ -801,6 +801,22 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
         assert_eq!(decide.listen, "0.0.0.0:8444".parse().unwrap());
         assert_eq!(decide.advertise.as_deref(), Some(url));
     }
+    // Beside the controller the agents leave the Node deletions to its
+    // leader and follow only the objects labeled with their node; without
+    // it they follow everything, as before.
+    let agent_args = |objects: &[Value]| -> Vec<String> {
+        let (_, spec) = pod_specs(objects)
+            .into_iter()
+            .find(|(n, _)| n == "t-steward-agent")
+            .expect("the agent DaemonSet");
+        strings(&spec["containers"][0]["args"])
+    };
+    let with = agent_args(&objects);
+    let without = agent_args(&render(t, &[]));
+    for flag in ["--deleted-nodes=controller", "--select-by-node-labels"] {
+        assert!(with.contains(&flag.to_owned()), "{flag} not in {with:?}");
+        assert!(!without.contains(&flag.to_owned()), "{flag} in {without:?}");
+    }
     // The extender follows the controller's Lease, in the release namespace.
     let extender = deployment_container(&objects, "t-steward-extender");
     assert_eq!(
@@ -810,8 +826,9 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
             name: "steward-controller".into(),
         })
     );
-    // RBAC: the leader writes the Reservations of the asks it gets; the
-    // extender reads that one Lease, in the release namespace only.
+    // RBAC: the leader writes the Reservations of the asks it gets (and
+    // patches their node labels); the extender reads that one Lease, in
+    // the release namespace only.
     assert_eq!(
         rules_over(
             &objects,
@@ -820,7 +837,9 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
             "reservations"
         ),
         [(
-            s(&["get", "list", "watch", "create", "update", "delete"]),
+            s(&[
+                "get", "list", "watch", "create", "update", "delete", "patch"
+            ]),
             vec![]
         )]
     );
@@ -910,7 +929,7 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
                     "t-steward-controller",
                     "reservations"
                 ),
-                [(s(&["list", "watch"]), vec![])]
+                [(s(&["list", "watch", "patch"]), vec![])]
             );
         }
     }

@@ -59,10 +59,13 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::watcher;
-use steward_api::{API_VERSION, Instance, SlotClaim, SlotClaimSpec};
+use steward_api::{
+    API_VERSION, Instance, SlotClaim, SlotClaimSpec, add_node_labels, missing_node_labels,
+};
 use steward_core::slots::{Claim, parse_slot_id};
 use steward_kube::{Change, follow};
+
+use crate::selection::Selection;
 
 use super::{
     ClaimError, ClaimStore, ClaimStoreStats, ClaimWrite, Count, Counters, DEFAULT_MAX_ATTEMPTS,
@@ -76,6 +79,9 @@ pub struct InstanceRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The nodes that see it: a claim carries their node labels, so that
+    /// their agents' selected watches show it.
+    pub nodes: Vec<String>,
 }
 
 impl InstanceRef {
@@ -87,6 +93,7 @@ impl InstanceRef {
             namespace: m.namespace.clone()?,
             name: m.name.clone()?,
             uid: m.uid.clone()?,
+            nodes: instance.spec.nodes.clone(),
         })
     }
 
@@ -202,6 +209,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct KubeClaimStore {
     inner: Arc<Inner>,
+    /// The claims its lists read (all, or this node's by label).
+    selection: Selection,
 }
 
 impl std::fmt::Debug for KubeClaimStore {
@@ -234,7 +243,14 @@ impl KubeClaimStore {
                 known: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
             }),
+            selection: Selection::all(),
         }
+    }
+
+    /// Lists only the claims `selection` selects.
+    pub fn with_selection(mut self, selection: Selection) -> Self {
+        self.selection = selection;
+        self
     }
 
     /// The directory this store resolves Instances with.
@@ -327,7 +343,7 @@ impl KubeClaimStore {
         let mut fresh = current.is_none();
         for _ in 0..self.inner.max_attempts {
             let Some(existing) = current.take() else {
-                let object = SlotClaim {
+                let mut object = SlotClaim {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         namespace: Some(inst.namespace.clone()),
@@ -336,6 +352,7 @@ impl KubeClaimStore {
                     },
                     spec: spec.clone(),
                 };
+                add_node_labels(&mut object.metadata, &inst.nodes);
                 self.count(Count::Create);
                 match api.create(&PostParams::default(), &object).await {
                     Ok(created) => {
@@ -372,6 +389,7 @@ impl KubeClaimStore {
             }
             if existing.spec == spec
                 && existing.metadata.owner_references.as_deref() == Some(owners.as_slice())
+                && missing_node_labels(&existing.metadata, &inst.nodes).is_empty()
                 && fresh
             {
                 self.remember(&inst.namespace, existing);
@@ -380,6 +398,7 @@ impl KubeClaimStore {
             let mut next = existing;
             next.spec = spec.clone();
             next.metadata.owner_references = Some(owners.clone());
+            add_node_labels(&mut next.metadata, &inst.nodes);
             next.metadata.managed_fields = None;
             self.count(Count::Replace);
             match api.replace(&name, &PostParams::default(), &next).await {
@@ -500,7 +519,7 @@ impl KubeClaimStore {
     async fn list_claims(&self) -> Result<Vec<Claim>, ClaimError> {
         self.count(Count::Read);
         let list = Api::<SlotClaim>::all(self.inner.client.clone())
-            .list(&ListParams::default())
+            .list(&self.selection.list())
             .await
             .map_err(|e| api_error("list slot claims", "*", e))?;
         Ok(list.items.iter().filter_map(claim_of).collect())
@@ -573,8 +592,11 @@ pub enum ClaimEvent {
 /// Every node's claims, as a stream that never ends: a kube-runtime watcher
 /// on `SlotClaim`s in all namespaces, retrying with backoff. Malformed
 /// objects are skipped with a warning.
-pub fn watch_claims(client: kube::Client) -> impl Stream<Item = ClaimEvent> + Send + 'static {
-    follow(Api::<SlotClaim>::all(client), watcher::Config::default()).filter_map(|change| {
+pub fn watch_claims(
+    client: kube::Client,
+    selection: Selection,
+) -> impl Stream<Item = ClaimEvent> + Send + 'static {
+    follow(Api::<SlotClaim>::all(client), selection.watcher()).filter_map(|change| {
         futures::future::ready(match change {
             Change::Relisted(listed) => Some(ClaimEvent::Relisted(
                 listed.iter().filter_map(claim_of).collect(),

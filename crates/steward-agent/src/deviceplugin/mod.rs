@@ -83,6 +83,9 @@ pub struct DevicePluginConfig {
     pub poll: Duration,
     /// Upper bound on one claim store operation or kubelet call.
     pub op_timeout: Duration,
+    /// The Instances and Reservations followed (all, or this node's by
+    /// label).
+    pub selection: crate::selection::Selection,
 }
 
 impl DevicePluginConfig {
@@ -98,6 +101,7 @@ impl DevicePluginConfig {
             tick_interval: Duration::from_millis(500),
             poll: Duration::from_millis(100),
             op_timeout: Duration::from_secs(5),
+            selection: crate::selection::Selection::all(),
         }
     }
 }
@@ -203,7 +207,16 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     let core = Arc::new(core.with_events(events));
     let podres = PodResourcesClient::new(&config.pod_resources_socket, config.op_timeout);
 
-    let initial = watch::recovery_input(&client, &node, &podres, &core, directory.as_ref()).await;
+    let selection = config.selection.clone();
+    let initial = watch::recovery_input(
+        &client,
+        &node,
+        &selection,
+        &podres,
+        &core,
+        directory.as_ref(),
+    )
+    .await;
     let served = watch::ServedChanges::complete(initial.served.clone());
     core.recover(initial.input).await;
     for (key, props) in &initial.broker {
@@ -215,6 +228,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     tasks.spawn(watch::watch_instances(
         client.clone(),
         node.clone(),
+        selection.clone(),
         directory,
         cat_tx.clone(),
     ));
@@ -232,7 +246,11 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         Duration::from_millis(config.slots.pending_timeout_ms),
     ));
     tasks.spawn(watch::feed_claims(core.clone(), claim_events));
-    tasks.spawn(watch::watch_reservations(client.clone(), core.clone()));
+    tasks.spawn(watch::watch_reservations(
+        client.clone(),
+        selection,
+        core.clone(),
+    ));
     if let Some(hub) = view {
         tasks.spawn(view::publish(core.clone(), hub));
     }

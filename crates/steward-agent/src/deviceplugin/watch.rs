@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::podresources::PodResourcesClient;
 use crate::claims::{ClaimEvent, ClaimStore, InstanceDirectory, InstanceRef};
+use crate::selection::Selection;
 use crate::slot_keeper::ServedInstance;
 use crate::slot_keeper::{SlotKeeper, now};
 
@@ -131,13 +132,14 @@ pub(crate) struct Initial {
 pub(crate) async fn recovery_input<L: ClaimStore, C: ClaimStore>(
     client: &kube::Client,
     node: &str,
+    selection: &Selection,
     podres: &PodResourcesClient,
     core: &SlotKeeper<L, C>,
     directory: Option<&InstanceDirectory>,
 ) -> Initial {
     let mut served = BTreeMap::new();
     match Api::<Instance>::all(client.clone())
-        .list(&ListParams::default())
+        .list(&selection.list())
         .await
     {
         Ok(list) => {
@@ -251,10 +253,11 @@ fn pods_from_kubelet(
 pub(crate) async fn watch_instances(
     client: kube::Client,
     node: String,
+    selection: Selection,
     directory: Option<InstanceDirectory>,
     tx: mpsc::Sender<CatalogEvent>,
 ) {
-    let mut changes = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
+    let mut changes = follow(Api::<Instance>::all(client), selection.watcher()).boxed();
     let mut index = ServedIndex::new(node);
     let mut sent = false;
     while let Some(first) = changes.next().await {
@@ -554,9 +557,10 @@ pub(crate) async fn feed_claims<L: ClaimStore, C: ClaimStore>(
 /// until the reservation is consumed, canceled or expires.
 pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
     client: kube::Client,
+    selection: Selection,
     core: Arc<SlotKeeper<L, C>>,
 ) {
-    let mut changes = follow(Api::<Reservation>::all(client), watcher::Config::default()).boxed();
+    let mut changes = follow(Api::<Reservation>::all(client), selection.watcher()).boxed();
     let slots = |r: &Reservation| -> Vec<(String, String)> {
         match &r.status {
             Some(s) if s.phase == "Reserved" => match &s.node {

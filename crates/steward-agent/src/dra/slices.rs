@@ -15,6 +15,7 @@
 //! DeviceClasses per Configuration are `steward controller`'s; the kubelet
 //! plugin is `super::kubelet`. Not here: ownerReferences to the Node.
 
+use crate::selection::Selection;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -28,7 +29,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::watcher;
 use steward_api::{Instance, SlotClaim};
 use steward_core::dra::{
     Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, Layout, PoolScope, SLOTS_CAPACITY, SliceDevice,
@@ -453,14 +453,20 @@ fn held_through_plugin(c: &SlotClaim) -> Option<(String, u32)> {
 /// published tainted (for a consumable device: off its capacity); a burst
 /// of claim changes is one sync. Instances of several slots are published
 /// as `layout` says, while the API server keeps consumable devices.
-pub async fn publish(client: kube::Client, node: String, layout: Layout, stop: CancellationToken) {
+pub async fn publish(
+    client: kube::Client,
+    node: String,
+    layout: Layout,
+    selection: Selection,
+    stop: CancellationToken,
+) {
     let mut changes = std::pin::pin!(follow(
         Api::<Instance>::all(client.clone()),
-        watcher::Config::default()
+        selection.watcher()
     ));
     let mut claim_changes = std::pin::pin!(follow(
         Api::<SlotClaim>::all(client.clone()),
-        watcher::Config::default()
+        selection.watcher()
     ));
     let mut instances = Mirror::keyed(
         |i: &Instance| Some(dra_instance(i).0),

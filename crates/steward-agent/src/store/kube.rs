@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
-use steward_api::{Instance, instance_view, new_instance};
+use steward_api::{Instance, instance_view, new_instance, set_node_labels};
 use steward_core::discovery::ConfigKey;
 use steward_core::discovery::instances::{InstanceOp, InstanceView};
 
@@ -92,8 +92,12 @@ impl KubeInstanceStore {
         name: &str,
         inst: &Instance,
     ) -> Result<bool, StoreError> {
+        // The node labels follow spec.nodes on every write (and an
+        // Instance written before they existed gets them).
+        let mut inst = inst.clone();
+        set_node_labels(&mut inst.metadata, &inst.spec.nodes.clone());
         self.api(namespace)
-            .replace(name, &PostParams::default(), inst)
+            .replace(name, &PostParams::default(), &inst)
             .await
             .map_err(|e| api_err("replace", name, e))?;
         Ok(true)

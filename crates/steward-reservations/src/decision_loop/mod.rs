@@ -18,6 +18,7 @@
 //! would, and decided in a later batch.
 
 mod asks;
+mod relabel;
 mod write;
 
 use std::collections::HashSet;
@@ -44,6 +45,7 @@ use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
 use crate::node_gone::{self, NodeGoneConfig};
 use asks::Asks;
+use relabel::Relabels;
 use write::{WRITES_IN_FLIGHT, Wrote, write};
 
 /// Where a replica serves the direct path ([`crate::direct`]).
@@ -91,6 +93,10 @@ pub struct ControllerConfig {
     /// ([`crate::node_gone`]); `None`: the agents do (each follows every
     /// Node), or nobody.
     pub node_gone: Option<NodeGoneConfig>,
+    /// The leader keeps the node-membership labels of Instances,
+    /// SlotClaims and Reserved Reservations ([`crate::node_labels`]), which
+    /// the agents' selected watches follow. On by default.
+    pub node_labels: bool,
 }
 
 impl ControllerConfig {
@@ -107,6 +113,7 @@ impl ControllerConfig {
             decide: None,
             takeover_horizon: Duration::from_millis(300),
             node_gone: Some(NodeGoneConfig::default()),
+            node_labels: true,
         }
     }
 }
@@ -284,15 +291,20 @@ async fn decide(
     // Asks written off the loop report back here.
     let (asked, mut written) = mpsc::unbounded_channel();
     let mut held = Asks::new(client.clone(), asked);
+    let mut relabels = Relabels::new(client.clone(), cfg.node_labels);
     loop {
         // Asks held for the ledger are taken as soon as it is built.
         let ticked = if held.held() && picture.kept() {
             false
         } else {
             tokio::select! {
-                Some(c) = instances.next() => { picture.instances(c); false }
-                Some(c) = claims.next() => { picture.slot_claims(c); false }
-                Some(c) = reservations.next() => { held.seen(&mut picture, c); false }
+                Some(c) = instances.next() => { relabels.instances(&c); picture.instances(c); false }
+                Some(c) = claims.next() => { relabels.claims(&c); picture.slot_claims(c); false }
+                Some(c) = reservations.next() => {
+                    relabels.reservations(&c);
+                    held.seen(&mut picture, c);
+                    false
+                }
                 Some(c) = pods.next() => { picture.pods(c); false }
                 Some(c) = nodes.next() => { picture.nodes(c); false }
                 Some(a) = asks.recv() => { held.hold(a); false }
@@ -303,6 +315,7 @@ async fn decide(
         // Take everything already waiting before deciding, so a burst is
         // one batch.
         while let Some(Some(c)) = reservations.next().now_or_never() {
+            relabels.reservations(&c);
             held.seen(&mut picture, c);
         }
         while let Ok(r) = written.try_recv() {
@@ -316,6 +329,11 @@ async fn decide(
             .ledger_rebuilds
             .inc_by(picture.rebuilds().saturating_sub(rebuilds));
         writes.retain(|w| !held.unwritten_rejection(&mut picture, w));
+        // A Reservation created with its decision carries its node labels
+        // from the start.
+        for w in writes.iter_mut().filter(|w| w.creates()) {
+            relabels.label_held(&mut w.object);
+        }
         // The batch's decisions come from one ledger, so no two of them
         // hold the same slot: their writes go out together, and every
         // result is applied before the next batch is decided (a written

@@ -26,6 +26,9 @@
 //! 150,000 pods (`fit.rs`).
 //!
 //! `cargo bench -p steward --bench api_cost`; sizes with
+//! `STEWARD_BENCH_AGENT_WATCHES=all` runs the agents following every
+//! Instance, SlotClaim, Reservation and Node (before node labels), for a
+//! baseline from the same build.
 //! `STEWARD_BENCH_NODES=25,50,100`; `STEWARD_BENCH_DRA=1` adds the agents'
 //! ResourceSlices (`steward agent --dra`); `STEWARD_BENCH_SMOKE=1` for a
 //! short run (5 and 8 nodes, 1 s windows).

@@ -134,8 +134,13 @@ impl SimNode {
         // the ResourceSlices and their watches.
         cfg.dra_slices = dra;
         // As the chart runs it beside the controller: the controller's
-        // leader follows the Node deletions.
-        cfg.follow_node_deletions = false;
+        // leader follows the Node deletions and keeps the node labels the
+        // agent's watches select by. STEWARD_BENCH_AGENT_WATCHES=all runs
+        // the agents as before those (every object, every Node), for a
+        // baseline from the same build.
+        let all = std::env::var("STEWARD_BENCH_AGENT_WATCHES").is_ok_and(|v| v == "all");
+        cfg.follow_node_deletions = all;
+        cfg.select_by_node_labels = !all;
         let stop = CancellationToken::new();
         let agent = tokio::spawn({
             let (stop, name) = (stop.clone(), name.clone());
