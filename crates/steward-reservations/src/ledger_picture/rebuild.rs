@@ -32,14 +32,23 @@ impl LedgerPicture {
                 ledger.set_node_cpus(node, Some(cpus.clone()));
             }
         }
-        // What earlier decisions persisted.
+        // What earlier decisions persisted. A reservation its pod's claims
+        // already cover is consumed, not restored: the kept ledger let its
+        // slots go when it was consumed, and when the pod's claims hold
+        // other slots than the ones reserved, another pod may hold those now.
+        let mut consumed = BTreeSet::new();
+        let claimed = self.claimed_per_pod();
         for r in self.reservations.values() {
             if let Some(s) = &r.status {
-                ledger.restore(self.recorded(r, s));
+                let rec = self.recorded(r, s);
+                if self.covered(&rec, &claimed) {
+                    consumed.insert(rec.pod.uid.clone());
+                    continue;
+                }
+                ledger.restore(rec);
             }
         }
         // Reality: claims win over reservations of other pods.
-        let mut consumed = BTreeSet::new();
         let mut changes = Vec::new();
         // By slot, as the claims are observed.
         let held: BTreeMap<&str, &str> = self
@@ -134,6 +143,45 @@ impl LedgerPicture {
         if let Some(node) = &pod.node {
             ledger.bound(uid, node);
         }
+    }
+
+    /// Pod uid → Instance → how many of its slots the pod's claims hold.
+    fn claimed_per_pod(&self) -> BTreeMap<&str, BTreeMap<&str, u32>> {
+        let mut out: BTreeMap<&str, BTreeMap<&str, u32>> = BTreeMap::new();
+        for (slot, uid) in self.claims.values() {
+            if let Some((instance, n)) = slot.rsplit_once('-')
+                && n.parse::<u32>().is_ok()
+            {
+                *out.entry(uid.as_str())
+                    .or_default()
+                    .entry(instance)
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// Whether a recorded reservation is used up, as
+    /// `ReservationLedger`'s consumption counts it: Reserved, every slot
+    /// asked for held by the pod's own claims, and its exclusive CPUs (if
+    /// any) held by the pod on its node.
+    fn covered(
+        &self,
+        r: &core::Reservation,
+        claimed: &BTreeMap<&str, BTreeMap<&str, u32>>,
+    ) -> bool {
+        let uid = r.pod.uid.as_str();
+        let mine = claimed.get(uid);
+        r.holds()
+            && r.request.iter().all(|(instance, want)| {
+                mine.and_then(|m| m.get(instance.as_str())).copied().unwrap_or(0) >= *want
+            })
+            && (r.cpus == 0
+                || r.node
+                    .as_deref()
+                    .and_then(|n| self.nodes.get(n))
+                    .and_then(|c| c.as_ref())
+                    .is_some_and(|c| c.holders.contains(uid)))
     }
 
     /// Whether pod `uid` is seen and neither being deleted nor Succeeded
