@@ -13,8 +13,12 @@
 //!
 //! `cargo bench -p steward-reservations --bench go_race` (needs the Go
 //! peers: `eval "$(scripts/go-peers.sh)"; export STEWARD_GO_PEERS`);
-//! `STEWARD_BENCH_SMOKE=1` for a short run (100 pods). Without the peer it
-//! is skipped outside CI, as the peer tests are.
+//! `STEWARD_BENCH_SMOKE=1` for a short run (100 pods).
+//! `STEWARD_BENCH_KILLS=10` then races that many times more, the leader
+//! killed after 30 % and 60 % of the Filters in turn, each race held to the
+//! bar, and reports the decision gap (the longest pause between answered
+//! Filters from the kill on) over them: p50, p99 (nearest rank) and max.
+//! Without the peer it is skipped outside CI, as the peer tests are.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/go_race/mod.rs"]
@@ -34,25 +38,52 @@ fn main() {
         .build()
         .unwrap();
     let (pods, instances, nodes) = if smoke { (100, 5, 10) } else { (1000, 50, 50) };
-    let shape = |kill: bool| Shape {
+    let kills: usize = std::env::var("STEWARD_BENCH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let shape = |kill: Option<usize>| Shape {
         pods,
         instances,
         capacity: 2,
         nodes,
         seen_by: 3,
-        kill_after: kill.then_some(pods / 2),
+        kill_after: kill,
         // The extenders' default: a Filter the leader cannot decide in
         // time is answered "retry", and would show as stuck.
         decision_timeout: Duration::from_secs(2),
         run_timeout: Duration::from_secs(if smoke { 120 } else { 600 }),
     };
     rt.block_on(async {
-        for (kill, label) in [(false, "direct"), (true, "direct, leader killed")] {
+        for (kill, label) in [(None, "direct"), (Some(pods / 2), "direct, leader killed")] {
             let outcome = go_race::race(&bin, shape(kill)).await;
             for line in outcome.report(label) {
                 println!("{line}");
             }
             outcome.assert_bar();
+        }
+        let mut gaps = Vec::new();
+        for i in 0..kills {
+            let after = if i % 2 == 0 { pods * 3 / 10 } else { pods * 6 / 10 };
+            let outcome = go_race::race(&bin, shape(Some(after))).await;
+            let label = format!("direct, leader killed after {after} Filters, race {}", i + 1);
+            for line in outcome.report(&label) {
+                println!("{line}");
+            }
+            outcome.assert_bar();
+            let gap = outcome.summary["kill"]["longestPauseMs"].as_f64();
+            gaps.push(gap.expect("the kill's pause in the peer's summary"));
+        }
+        if !gaps.is_empty() {
+            gaps.sort_by(f64::total_cmp);
+            let rank = |q: f64| gaps[((q * gaps.len() as f64).ceil() as usize).clamp(1, gaps.len()) - 1];
+            println!(
+                "go race decision gap over {} kills (the longest pause between answered Filters from the kill on): p50={} ms p99={} ms max={} ms; the Lease is 15 s",
+                gaps.len(),
+                rank(0.5),
+                rank(0.99),
+                gaps[gaps.len() - 1]
+            );
         }
     });
 }

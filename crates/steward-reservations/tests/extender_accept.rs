@@ -80,8 +80,21 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off_and_logs_once() {
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
     tokio::spawn(server::serve(listener, ext, stop.clone()));
+    let open_before = std::fs::read_dir("/proc/self/fd").unwrap().count();
     let probe = tokio::task::spawn_blocking(move || healthz(addr, Duration::from_secs(5)));
     assert!(probe.await.unwrap().unwrap().contains("200 OK"));
+    // The server closes the probe's connection on its own time; were it
+    // still open once the descriptors are exhausted, closing it would free
+    // one mid-episode, the pending connection would be accepted (the end of
+    // the episode) and the next failure would start a second one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir("/proc/self/fd").unwrap().count() > open_before {
+        assert!(
+            Instant::now() < deadline,
+            "the probe's connection was never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     // Exhaust the descriptors: a low soft limit keeps that cheap.
     let mut old: libc::rlimit = unsafe { std::mem::zeroed() };
