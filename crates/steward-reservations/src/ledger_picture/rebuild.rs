@@ -174,7 +174,10 @@ impl LedgerPicture {
         let mine = claimed.get(uid);
         r.holds()
             && r.request.iter().all(|(instance, want)| {
-                mine.and_then(|m| m.get(instance.as_str())).copied().unwrap_or(0) >= *want
+                mine.and_then(|m| m.get(instance.as_str()))
+                    .copied()
+                    .unwrap_or(0)
+                    >= *want
             })
             && (r.cpus == 0
                 || r.node
