@@ -589,9 +589,10 @@ pub enum ClaimEvent {
     Interrupted(String),
 }
 
-/// Every node's claims, as a stream that never ends: a kube-runtime watcher
-/// on `SlotClaim`s in all namespaces, retrying with backoff. Malformed
-/// objects are skipped with a warning.
+/// The claims `selection` selects (every node's, or those of the Instances
+/// this node sees), as a stream that never ends: a kube-runtime watcher on
+/// `SlotClaim`s in all namespaces, retrying with backoff. Malformed objects
+/// are skipped with a warning.
 pub fn watch_claims(
     client: kube::Client,
     selection: Selection,

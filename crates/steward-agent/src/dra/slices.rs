@@ -15,7 +15,6 @@
 //! DeviceClasses per Configuration are `steward controller`'s; the kubelet
 //! plugin is `super::kubelet`. Not here: ownerReferences to the Node.
 
-use crate::selection::Selection;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -37,6 +36,8 @@ use steward_core::dra::{
 use steward_kube::{Mirror, follow};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use crate::selection::Selection;
 
 /// Label naming the node that wrote a slice (a hash when the node name is
 /// not a valid label value).

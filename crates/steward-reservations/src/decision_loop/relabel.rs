@@ -26,7 +26,7 @@ impl Relabels {
         let (tx, rx) = mpsc::unbounded_channel::<Relabel>();
         let (failed_tx, failed) = mpsc::unbounded_channel();
         let sender = tokio::spawn(async move {
-            tokio_stream_of(rx)
+            stream_of(rx)
                 .map(|r| {
                     let client = client.clone();
                     async move {
@@ -104,7 +104,7 @@ impl Relabels {
 }
 
 /// The receiver as a stream.
-fn tokio_stream_of<T: Send + 'static>(
+fn stream_of<T: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
