@@ -1,0 +1,324 @@
+//! Helpers for the stories run against upstream's kube-apiserver,
+//! kube-scheduler and kubelet (`scripts/real-cluster up`). Test support: a
+//! cluster that is not there, or a wait that runs out, panics with what was
+//! expected and what was seen.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::Client;
+use serde_json::{json, Value};
+use steward_api::{Configuration, Instance};
+
+/// The busybox image every node's containerd holds (scripts/build-images.sh).
+pub const BUSYBOX: &str = "steward.local/busybox:latest";
+
+/// The cluster the tier started: `KUBECONFIG`, `STEWARD_CLUSTER_NODES`,
+/// `STEWARD_CLUSTER_DIR`, `STEWARD_KUBECTL` and `STEWARD_RELEASE_NAMESPACE`,
+/// as `scripts/real-cluster up` prints them.
+pub struct Cluster {
+    pub client: Client,
+    pub nodes: Vec<String>,
+    pub dir: PathBuf,
+    pub kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub release_namespace: String,
+    pub version: String,
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: these tests run against the cluster `scripts/real-cluster up DIR` starts \
+             (eval its output first); scripts/test runs them in the real-cluster tier"
+        )
+    })
+}
+
+impl Cluster {
+    /// Connects with the admin kubeconfig and checks every node is Ready.
+    pub async fn connect() -> Cluster {
+        let kubeconfig = PathBuf::from(env("KUBECONFIG"));
+        let client = Client::try_default()
+            .await
+            .unwrap_or_else(|e| panic!("kube client from {}: {e}", kubeconfig.display()));
+        let cluster = Cluster {
+            client,
+            nodes: env("STEWARD_CLUSTER_NODES")
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+            dir: PathBuf::from(env("STEWARD_CLUSTER_DIR")),
+            kubectl: PathBuf::from(env("STEWARD_KUBECTL")),
+            kubeconfig,
+            release_namespace: env("STEWARD_RELEASE_NAMESPACE"),
+            version: env("STEWARD_CLUSTER_VERSION"),
+        };
+        let nodes: Api<Node> = Api::all(cluster.client.clone());
+        for n in &cluster.nodes {
+            let node = nodes
+                .get(n)
+                .await
+                .unwrap_or_else(|e| panic!("node {n}: {e}"));
+            assert!(node_ready(&node), "node {n} is not Ready");
+        }
+        cluster
+    }
+
+    /// `kubectl --kubeconfig <admin> ARGS`: stdout, or a panic with stderr.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", self.kubectl.display()));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A namespace of the test's own, deleted when the guard drops (also when
+    /// the test panics).
+    pub async fn namespace(&self, prefix: &str) -> TestNamespace {
+        let name = format!(
+            "{prefix}-{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64 & 0xffffff)
+                .unwrap_or(0)
+        );
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        api.create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        // Pods may be created once the namespace's default ServiceAccount is.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &name);
+        eventually(
+            &format!("the default ServiceAccount of {name}"),
+            Duration::from_secs(60),
+            || {
+                let sas = sas.clone();
+                async move { sas.get_opt("default").await.ok().flatten() }
+            },
+        )
+        .await;
+        TestNamespace {
+            name,
+            kubectl: self.kubectl.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+        }
+    }
+
+    pub fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub fn instances(&self, ns: &str) -> Api<Instance> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub fn configurations(&self, ns: &str) -> Api<Configuration> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Creates a pod from JSON.
+    pub async fn create_pod(&self, ns: &str, pod: Value) -> Pod {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        self.pods(ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {:?}: {e}", pod.metadata.name))
+    }
+
+    /// Deletes a pod at once (grace period 0) and waits until it is gone.
+    pub async fn delete_pod_now(&self, ns: &str, name: &str) {
+        let pods = self.pods(ns);
+        let _ = pods
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await;
+        eventually(
+            &format!("pod {ns}/{name} gone"),
+            Duration::from_secs(90),
+            || {
+                let pods = pods.clone();
+                async move {
+                    match pods.get_opt(name).await {
+                        Ok(None) => Some(()),
+                        _ => None,
+                    }
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Waits until pod `name` is Running (all containers started); panics
+    /// early when it fails admission or ends.
+    pub async fn running(&self, ns: &str, name: &str, timeout: Duration) -> Pod {
+        let pods = self.pods(ns);
+        eventually(
+            &format!("pod {ns}/{name} Running"),
+            timeout,
+            || {
+                let pods = pods.clone();
+                async move {
+                    let pod = pods.get_opt(name).await.ok().flatten()?;
+                    let status = pod.status.clone().unwrap_or_default();
+                    match status.phase.as_deref() {
+                        Some("Running") => Some(pod),
+                        Some("Failed") => panic!(
+                            "pod {ns}/{name} failed: reason {:?}, message {:?}",
+                            status.reason, status.message
+                        ),
+                        _ => None,
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    /// The node's allocatable quantity of `resource` (0 when absent).
+    pub async fn allocatable(&self, node: &str, resource: &str) -> i64 {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes
+            .get(node)
+            .await
+            .unwrap_or_else(|e| panic!("node {node}: {e}"));
+        node.status
+            .and_then(|s| s.allocatable)
+            .and_then(|a| a.get(resource).map(|q| q.0.clone()))
+            .and_then(|q| q.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Instances of `configuration` in `ns`.
+    pub async fn instances_of(&self, ns: &str, configuration: &str) -> Vec<Instance> {
+        self.instances(ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("list instances in {ns}: {e}"))
+            .items
+            .into_iter()
+            .filter(|i| i.spec.configuration_name == configuration)
+            .collect()
+    }
+
+    /// Every event in `ns` whose reason is `reason`, as "object: message".
+    pub fn events_with_reason(&self, ns: &str, reason: &str) -> Vec<String> {
+        let out = self.kubectl(&["get", "events", "-n", ns, "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|e| e["reason"] == reason)
+                    .map(|e| {
+                        format!(
+                            "{}: {}",
+                            e["involvedObject"]["name"].as_str().unwrap_or(""),
+                            e["message"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A namespace deleted when dropped (without waiting: the next test need
+/// not wait for its pods to end).
+pub struct TestNamespace {
+    pub name: String,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .output();
+    }
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, for at most `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A pod of busybox running `sh -c script`, asking `resources` (as limits,
+/// so requests equal them), on no node in particular.
+pub fn busybox_pod(name: &str, script: &str, limits: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "c",
+                "image": BUSYBOX,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "resources": {"limits": limits},
+            }],
+        },
+    })
+}
+
+/// A Configuration of the embedded debug-echo handler: one device per
+/// description, `capacity` slots each.
+pub fn debug_echo_configuration(name: &str, descriptions: &[&str], capacity: u32) -> Configuration {
+    serde_json::from_value(json!({
+        "apiVersion": "steward.dev/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": name},
+        "spec": {
+            "discoveryHandler": {
+                "name": "debug-echo",
+                "details": serde_json::to_string(&json!({"descriptions": descriptions})).unwrap(),
+            },
+            "capacity": capacity,
+            "brokerProperties": {"STORY": name},
+        },
+    }))
+    .unwrap()
+}
