@@ -1,0 +1,199 @@
+//! DRA on the real cluster: kube-scheduler's own allocator over steward's
+//! ResourceSlices, kubelet's own DRA manager calling steward's
+//! NodePrepareResources, containerd 2.1.9 injecting the CDI device, and the
+//! slot held in steward's one ledger (a SlotClaim naming the claim).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use steward_real_cluster::{BUSYBOX, Cluster, debug_echo_configuration, eventually};
+
+/// Proves: the controller's DeviceClass for a Configuration is accepted by
+/// the real API server (its CEL selector compiled there); a pod whose claim
+/// template asks one device of that class is scheduled by the real
+/// kube-scheduler onto a node whose ResourceSlice publishes a matching
+/// device, kubelet prepares the claim through steward's kubelet plugin, the
+/// container sees the device's properties only through its CDI spec (DRA
+/// hands out no environment of its own), the slot is recorded as a
+/// SlotClaim naming the ResourceClaim, and deleting the pod releases it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("dra").await;
+    cluster
+        .configurations(&ns.name)
+        .create(
+            &Default::default(),
+            &debug_echo_configuration("gpus", &["gpu-0"], 1),
+        )
+        .await
+        .unwrap();
+    let class = format!("gpus.{}.steward.dev", ns.name);
+    eventually(
+        &format!("DeviceClass {class}"),
+        Duration::from_secs(90),
+        || async {
+            let out = cluster.kubectl(&["get", "deviceclasses", "-o", "name"]);
+            out.contains(&format!("deviceclass.resource.k8s.io/{class}"))
+                .then_some(())
+        },
+    )
+    .await;
+    // Each node publishes its own gpu-0 (debug-echo devices are not shared).
+    eventually(
+        "a steward.dev device of gpus in each node's ResourceSlices",
+        Duration::from_secs(90),
+        || async {
+            let slices = slices(&cluster);
+            let nodes: Vec<String> = slices
+                .iter()
+                .filter(|s| {
+                    s["spec"]["devices"].as_array().is_some_and(|d| {
+                        d.iter().any(|d| {
+                            d["attributes"]["steward.dev/configuration"]["string"] == "gpus"
+                                || d["attributes"]["configuration"]["string"] == "gpus"
+                        })
+                    })
+                })
+                .filter_map(|s| s["spec"]["nodeName"].as_str().map(str::to_owned))
+                .collect();
+            cluster
+                .nodes
+                .iter()
+                .all(|n| nodes.contains(n))
+                .then_some(())
+        },
+    )
+    .await;
+
+    apply(
+        &cluster,
+        &ns.name,
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": class}}
+            ]}}},
+        }),
+    );
+    apply(
+        &cluster,
+        &ns.name,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "restartPolicy": "Never",
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                "containers": [{
+                    "name": "c",
+                    "image": BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "env; sleep 3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }],
+            },
+        }),
+    );
+    let pod = cluster
+        .running(&ns.name, "trainer", Duration::from_secs(120))
+        .await;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let logs = eventually("trainer's environment", Duration::from_secs(30), || async {
+        let logs = cluster.kubectl(&["logs", "-n", &ns.name, "trainer"]);
+        logs.contains("STORY=").then_some(logs)
+    })
+    .await;
+    assert!(
+        logs.contains("DEBUG_ECHO_DESCRIPTION=gpu-0") && logs.contains("STORY=gpus"),
+        "the CDI device's environment reaches the container: {logs}"
+    );
+
+    // The claim kube-scheduler allocated, and steward's record of the slot.
+    let claims: Value = serde_json::from_str(&cluster.kubectl(&[
+        "get",
+        "resourceclaims",
+        "-n",
+        &ns.name,
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let claim = &claims["items"][0];
+    let results = &claim["status"]["allocation"]["devices"]["results"];
+    assert_eq!(results[0]["driver"], "steward.dev", "{claim}");
+    let device = results[0]["device"].as_str().unwrap().to_owned();
+    let claim_name = claim["metadata"]["name"].as_str().unwrap().to_owned();
+    let slotclaims = eventually(
+        &format!("a SlotClaim for ResourceClaim {claim_name}"),
+        Duration::from_secs(30),
+        || async {
+            let v: Value = serde_json::from_str(&cluster.kubectl(&[
+                "get",
+                "slotclaims",
+                "-n",
+                &ns.name,
+                "-o",
+                "json",
+            ]))
+            .unwrap();
+            let held: Vec<Value> = v["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| c.to_string().contains(&claim_name))
+                .collect();
+            (!held.is_empty()).then_some(held)
+        },
+    )
+    .await;
+    assert!(
+        slotclaims[0].to_string().contains(&node),
+        "the SlotClaim names the node that prepared {device}: {}",
+        slotclaims[0]
+    );
+
+    // Deleting the pod unprepares the claim and frees the slot.
+    cluster.delete_pod_now(&ns.name, "trainer").await;
+    eventually(
+        "the SlotClaim released after the pod is gone",
+        Duration::from_secs(90),
+        || async {
+            let out = cluster.kubectl(&["get", "slotclaims", "-n", &ns.name, "-o", "json"]);
+            (!out.contains(&claim_name)).then_some(())
+        },
+    )
+    .await;
+}
+
+fn slices(cluster: &Cluster) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&cluster.kubectl(&[
+        "get",
+        "resourceslices",
+        "--field-selector",
+        "spec.driver=steward.dev",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// `kubectl apply` of one object (kubectl's own serializer on the wire).
+fn apply(cluster: &Cluster, ns: &str, obj: Value) {
+    let dir = std::env::temp_dir().join(format!("steward-rc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!(
+        "{}-{}.json",
+        obj["kind"].as_str().unwrap_or("obj"),
+        obj["metadata"]["name"].as_str().unwrap_or("x")
+    ));
+    std::fs::write(&file, obj.to_string()).unwrap();
+    cluster.kubectl(&["apply", "-n", ns, "-f", file.to_str().unwrap()]);
+}
