@@ -1,0 +1,124 @@
+//! Seed 003 on the real kubelet: Guaranteed pods pinned by `steward
+//! nri-plugin` (installed by the chart as a DaemonSet) while kubelet's CPU
+//! manager policy is `none`, read back from inside the containers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use steward_real_cluster::{BUSYBOX, Cluster, eventually};
+
+/// Proves: on a node whose kubelet pins nothing (CPU manager `none`), a
+/// Guaranteed pod asking one whole CPU gets one CPU of its own — its
+/// container's cgroup cpuset (read inside the container through the real
+/// kubelet's exec) is one CPU — and a BestEffort pod already running on the
+/// node is moved off it (the shared pool shrinks); when the Guaranteed pod is
+/// deleted the shared pool grows back to every CPU.
+#[tokio::test(flavor = "multi_thread")]
+async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("s003").await;
+    let node = cluster.nodes[0].clone();
+    let all = cpus_of(&std::fs::read_to_string("/sys/fs/cgroup/cpuset/cpuset.cpus").unwrap());
+    assert!(all.len() >= 2, "the machine needs two CPUs, has {all:?}");
+
+    cluster
+        .create_pod(&ns.name, pod("shared", &node, json!(null)))
+        .await;
+    cluster
+        .running(&ns.name, "shared", Duration::from_secs(120))
+        .await;
+    let before = cpuset(&cluster, &ns.name, "shared");
+    assert_eq!(before, all, "a BestEffort pod runs on every CPU first");
+
+    cluster
+        .create_pod(
+            &ns.name,
+            pod(
+                "pinned",
+                &node,
+                json!({"cpu": "1", "memory": "64Mi"}),
+            ),
+        )
+        .await;
+    let p = cluster
+        .running(&ns.name, "pinned", Duration::from_secs(120))
+        .await;
+    assert_eq!(
+        p.status.and_then(|s| s.qos_class).as_deref(),
+        Some("Guaranteed")
+    );
+    let mine = cpuset(&cluster, &ns.name, "pinned");
+    assert_eq!(mine.len(), 1, "one exclusive CPU: {mine:?}");
+    let shrunk = eventually(
+        "the shared pool without the pinned CPU",
+        Duration::from_secs(30),
+        || async {
+            let s = cpuset(&cluster, &ns.name, "shared");
+            s.is_disjoint(&mine).then_some(s)
+        },
+    )
+    .await;
+    assert!(!shrunk.is_empty(), "the shared pool keeps a CPU");
+
+    cluster.delete_pod_now(&ns.name, "pinned").await;
+    eventually(
+        "the shared pool back on every CPU",
+        Duration::from_secs(30),
+        || async { (cpuset(&cluster, &ns.name, "shared") == all).then_some(()) },
+    )
+    .await;
+}
+
+fn pod(name: &str, node: &str, limits: Value) -> Value {
+    let resources = if limits.is_null() {
+        json!({})
+    } else {
+        json!({"limits": limits})
+    };
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{
+                "name": "c",
+                "image": BUSYBOX,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": resources,
+            }],
+        },
+    })
+}
+
+/// The container's cgroup cpuset (cgroup v1: runc mounts the container's
+/// own cpuset cgroup there), read through the real kubelet's exec.
+fn cpuset(cluster: &Cluster, ns: &str, pod: &str) -> BTreeSet<u32> {
+    cpus_of(&cluster.kubectl(&[
+        "exec",
+        "-n",
+        ns,
+        pod,
+        "--",
+        "cat",
+        "/sys/fs/cgroup/cpuset/cpuset.cpus",
+    ]))
+}
+
+/// A cpuset list ("0-2,4") as a set.
+fn cpus_of(list: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => {
+                out.insert(part.parse().unwrap());
+            }
+        }
+    }
+    out
+}
