@@ -75,8 +75,19 @@ pub fn pod_resources(p: &PodAssignments) -> wire::PodResources {
                         topology: topology(&d.numa_nodes),
                     })
                     .collect(),
-                cpu_ids: cpu_ids(&c.cpus),
-                memory: c.memory.iter().map(memory).collect(),
+                // As kubelet reports them (its GetCPUs and GetMemory): a
+                // container's CPUs and memory only when they are its own. A
+                // container on the shared pool reports none.
+                cpu_ids: if c.exclusive_cpus {
+                    cpu_ids(&c.cpus)
+                } else {
+                    Vec::new()
+                },
+                memory: if c.exclusive_cpus {
+                    c.memory.iter().map(memory).collect()
+                } else {
+                    Vec::new()
+                },
                 dynamic_resources: c
                     .dynamic
                     .iter()
@@ -120,6 +131,9 @@ pub fn pod_assignments(uid: &str, p: &wire::PodResources) -> PodAssignments {
             );
         }
         target.cpus = cpus_of(&c.cpu_ids);
+        // On the wire a container's CPUs are its exclusive ones (kubelet
+        // reports none for a container on the shared pool; so does steward).
+        target.exclusive_cpus = !target.cpus.is_empty();
         target.memory = c.memory.iter().map(memory_of).collect();
         target.dynamic = c
             .dynamic_resources
@@ -230,6 +244,7 @@ mod tests {
         let c = p.container_mut("main");
         c.add_devices("steward.dev/cam", ["cam-0", "cam-1"], &BTreeSet::from([1]));
         c.cpus = CpuSet::from_iter([2, 3]);
+        c.exclusive_cpus = true;
         c.memory = vec![MemoryAssignment {
             memory_type: "memory".into(),
             size: 1 << 30,
@@ -248,6 +263,24 @@ mod tests {
         p.container_mut("init");
         let back = pod_assignments("u1", &pod_resources(&p));
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn a_container_on_the_shared_pool_reports_no_cpus_or_memory_as_kubelet_does() {
+        let mut p = PodAssignments::new(PodRef::new("u1", "ns", "web"));
+        let c = p.container_mut("side");
+        c.cpus = CpuSet::from_iter([0, 1]);
+        c.memory = vec![MemoryAssignment {
+            memory_type: "memory".into(),
+            size: 1 << 20,
+            numa_nodes: BTreeSet::from([0]),
+        }];
+        let wire = pod_resources(&p);
+        assert!(wire.containers[0].cpu_ids.is_empty());
+        assert!(wire.containers[0].memory.is_empty());
+        let back = pod_assignments("u1", &wire);
+        assert!(back.containers["side"].cpus.is_empty());
+        assert!(!back.containers["side"].exclusive_cpus);
     }
 
     #[test]

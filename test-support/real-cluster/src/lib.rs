@@ -10,9 +10,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
-use serde_json::{json, Value};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
 use steward_api::{Configuration, Instance};
 
 /// The busybox image every node's containerd holds (scripts/build-images.sh).
@@ -168,25 +168,21 @@ impl Cluster {
     /// early when it fails admission or ends.
     pub async fn running(&self, ns: &str, name: &str, timeout: Duration) -> Pod {
         let pods = self.pods(ns);
-        eventually(
-            &format!("pod {ns}/{name} Running"),
-            timeout,
-            || {
-                let pods = pods.clone();
-                async move {
-                    let pod = pods.get_opt(name).await.ok().flatten()?;
-                    let status = pod.status.clone().unwrap_or_default();
-                    match status.phase.as_deref() {
-                        Some("Running") => Some(pod),
-                        Some("Failed") => panic!(
-                            "pod {ns}/{name} failed: reason {:?}, message {:?}",
-                            status.reason, status.message
-                        ),
-                        _ => None,
-                    }
+        eventually(&format!("pod {ns}/{name} Running"), timeout, || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get_opt(name).await.ok().flatten()?;
+                let status = pod.status.clone().unwrap_or_default();
+                match status.phase.as_deref() {
+                    Some("Running") => Some(pod),
+                    Some("Failed") => panic!(
+                        "pod {ns}/{name} failed: reason {:?}, message {:?}",
+                        status.reason, status.message
+                    ),
+                    _ => None,
                 }
-            },
-        )
+            }
+        })
         .await
     }
 

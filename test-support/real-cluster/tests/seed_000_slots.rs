@@ -59,9 +59,7 @@ async fn the_last_slot_is_granted_again_by_the_real_kubelet() {
             .await;
     }
     for p in ["holder-1", "holder-2"] {
-        let pod = cluster
-            .running(&ns.name, p, Duration::from_secs(120))
-            .await;
+        let pod = cluster.running(&ns.name, p, Duration::from_secs(120)).await;
         assert_eq!(
             pod.spec.and_then(|s| s.node_name).as_deref(),
             Some(node.as_str()),
@@ -71,7 +69,10 @@ async fn the_last_slot_is_granted_again_by_the_real_kubelet() {
 
     // Both slots are held: a third pod waits unscheduled.
     cluster
-        .create_pod(&ns.name, busybox_pod("waiter", "sleep 3600", limits.clone()))
+        .create_pod(
+            &ns.name,
+            busybox_pod("waiter", "sleep 3600", limits.clone()),
+        )
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let waiter = cluster.pods(&ns.name).get("waiter").await.unwrap();

@@ -62,7 +62,10 @@ async fn a_configuration_becomes_device_plugins_on_both_kubelets() {
             .get("DEBUG_ECHO_DESCRIPTION")
             .cloned()
             .unwrap_or_else(|| panic!("Instance {name} has no DEBUG_ECHO_DESCRIPTION"));
-        let pod = format!("reader-{}", node.replace(|c: char| !c.is_ascii_alphanumeric(), ""));
+        let pod = format!(
+            "reader-{}",
+            node.replace(|c: char| !c.is_ascii_alphanumeric(), "")
+        );
         cluster
             .create_pod(
                 &ns.name,

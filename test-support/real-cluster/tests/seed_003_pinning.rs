@@ -35,11 +35,7 @@ async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
     cluster
         .create_pod(
             &ns.name,
-            pod(
-                "pinned",
-                &node,
-                json!({"cpu": "1", "memory": "64Mi"}),
-            ),
+            pod("pinned", &node, json!({"cpu": "1", "memory": "64Mi"})),
         )
         .await;
     let p = cluster
