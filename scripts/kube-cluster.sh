@@ -186,6 +186,9 @@ make_network() {
       ip netns exec "stwk-$ns" sysctl -qw net.ipv4.conf.all.route_localnet=1
     fi
   done
+  # Service IPs from the control plane (kube-scheduler calls the extender's
+  # Service): a route so the packet reaches kube-proxy's DNAT in OUTPUT.
+  ip -n "$CP_NS" route replace "$SERVICE_CIDR" dev eth0
   # Pod subnets: reachable from the machine, the control plane and the other node.
   local n m
   for n in "${NODES[@]}"; do
