@@ -499,7 +499,8 @@ node_ready() {
 print_env() {
   echo "KUBECONFIG=$DIR/admin.kubeconfig"
   echo "STEWARD_CLUSTER_DIR=$DIR"
-  echo "STEWARD_CLUSTER_NODES=$(for n in "${NODES[@]}"; do printf '%s ' "$(node_name "$n")"; done | sed 's/ $//')"
+  # Quoted: the node list has a space.
+  echo "STEWARD_CLUSTER_NODES='$(for n in "${NODES[@]}"; do printf '%s ' "$(node_name "$n")"; done | sed 's/ $//')'"
   echo "STEWARD_CLUSTER_VERSION=$VERSION"
   echo "STEWARD_CLUSTER_EXTENDER_URL=http://$EXTENDER_IP:$EXTENDER_PORT"
 }

@@ -242,8 +242,9 @@ pub fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// A namespace deleted when dropped (without waiting: the next test need
-/// not wait for its pods to end).
+/// A namespace deleted when dropped, waiting (a minute at most) until it
+/// is gone: the next story starts on nodes this one's pods have left (an
+/// exclusive CPU or a slot still held would change what it sees).
 pub struct TestNamespace {
     pub name: String,
     kubectl: PathBuf,
@@ -255,7 +256,13 @@ impl Drop for TestNamespace {
         let _ = Command::new(&self.kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .args([
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=true",
+                "--timeout=60s",
+            ])
             .output();
     }
 }

@@ -48,8 +48,11 @@ fn devices(c: &ContainerResources) -> Vec<(String, Vec<String>)> {
     d
 }
 
-/// Claims of a container as (claim, [(driver, pool, device)]).
-fn claims(c: &ContainerResources) -> Vec<(String, Vec<(String, String, String)>)> {
+/// A claim's device: (driver, pool, device).
+type ClaimDevice = (String, String, String);
+
+/// Claims of a container as (claim, its devices).
+fn claims(c: &ContainerResources) -> Vec<(String, Vec<ClaimDevice>)> {
     let mut out: Vec<_> = c
         .dynamic_resources
         .iter()
