@@ -109,14 +109,21 @@ struct Expected<'a> {
 
 impl Expected<'_> {
     /// The exclusive CPU in the container's cgroup, inside it and on the
-    /// plugin's pod resources socket; the shared container's cgroup and
-    /// published CPUs are the pool without it.
+    /// plugin's pod resources socket; the shared container's cgroup is the
+    /// pool without it, and it is published with no CPUs (as kubelet
+    /// reports a container on the shared pool).
     async fn holds(&self, stage: &str, rt: &mut Rt) {
         let held = eventually(&format!("{stage}: the assignments"), WAIT, || async {
             (cpuset_of(self.parent, self.cid).as_ref() == Some(self.excl)
                 && cpuset_of(self.shared_parent, self.shared_cid).as_ref() == Some(self.shrunk)
                 && published_is(self.pr_sock, self.name, "main", Some(self.excl)).await
-                && published_is(self.pr_sock, self.shared_name, "shared", Some(self.shrunk)).await)
+                && published_is(
+                    self.pr_sock,
+                    self.shared_name,
+                    "shared",
+                    Some(&CpuSet::default()),
+                )
+                .await)
                 .then_some(())
         })
         .await;
@@ -178,8 +185,10 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_on_containerd_2_with_the_nri_
         pool.len() >= 2,
         "the shared pool {pool} must have room for one exclusive CPU"
     );
-    eventually("the shared pool published", WAIT, || async {
-        published_is(&pr_sock, &shared_name, "shared", Some(&pool))
+    // A container on the shared pool is published with no CPUs, as kubelet
+    // reports one; its cgroup holds the pool.
+    eventually("the shared container published", WAIT, || async {
+        published_is(&pr_sock, &shared_name, "shared", Some(&CpuSet::default()))
             .await
             .then_some(())
     })
@@ -298,7 +307,7 @@ async fn kubelets_cri_client_runs_an_exclusive_pod_on_containerd_2_with_the_nri_
     // Removed: the pool grows back and the pod is no longer published.
     eventually("the shared pool grew back", WAIT, || async {
         (cpuset_of(&shared_parent, &shared_cid).as_ref() == Some(&pool)
-            && published_is(&pr_sock, &shared_name, "shared", Some(&pool)).await
+            && published_is(&pr_sock, &shared_name, "shared", Some(&CpuSet::default())).await
             && published_is(&pr_sock, &name, "main", None).await)
             .then_some(())
     })

@@ -208,7 +208,9 @@ async fn proxy_view(sock: &Path) -> anyhow::Result<BTreeMap<String, Vec<i64>>> {
     Ok(pods
         .into_iter()
         .filter_map(|p| {
-            let c = p.containers.into_iter().find(|c| !c.cpu_ids.is_empty())?;
+            // A container on the shared pool is listed with no CPUs (as
+            // kubelet lists one); the pinned one with its exclusive CPU.
+            let c = p.containers.into_iter().next()?;
             let mut cpus = c.cpu_ids;
             cpus.sort();
             Some((p.name, cpus))
