@@ -47,10 +47,13 @@
 //!
 //! Kubernetes' collector deletes with a `uid` precondition only, so a
 //! replace racing with the collection of the previous (pod-owned) version
-//! can be lost. [`watch_claims`] reports every deletion, this node's too:
-//! an adapter that still holds the slot re-queues the write
-//! (`SlotLedger::cluster_write_failed`) when it sees its own claim
-//! [`ClaimEvent::Deleted`].
+//! can be lost, and an Instance deleted while a slot of it is held (its
+//! device offline; a prepared DRA claim keeps the hold) takes the
+//! Instance-owned record with it. [`watch_claims`] reports every deletion,
+//! this node's too: the slot ledger writes its own record again when it
+//! still holds the slot (`SlotLedger::cluster_claim_removed`); while the
+//! Instance is absent that write fails and is retried on each tick, so the
+//! record is back once the Instance is.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};

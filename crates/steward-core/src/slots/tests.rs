@@ -456,6 +456,24 @@ fn slot_held_by_another_node_is_unhealthy_and_refused() {
 }
 
 #[test]
+fn own_record_deleted_while_held_is_written_again() {
+    let mut l = ledger();
+    bind(&mut l, "uid-a", "a", &["usb-0"], 10);
+    // The garbage collector took the record with its Instance (the device
+    // went offline): the hold stays, so the record is written again.
+    let fx = l.cluster_claim_removed("usb-0", NODE);
+    assert!(
+        matches!(
+            fx.as_slice(),
+            [Effect::WriteClaim { claim, target: Target::Cluster }] if claim.slot() == "usb-0" && claim.node == NODE
+        ),
+        "{fx:?}"
+    );
+    // The echo of a release writes nothing.
+    assert!(l.cluster_claim_removed("usb-1", NODE).is_empty());
+}
+
+#[test]
 fn gone_device_is_unhealthy_refused_and_keeps_existing_holders() {
     let mut l = ledger();
     bind(&mut l, "uid-a", "a", &["usb-0"], 10);

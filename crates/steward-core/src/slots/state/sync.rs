@@ -69,10 +69,24 @@ impl SlotLedger {
         effects
     }
 
-    /// A claim disappeared from the cluster (watch Deleted).
+    /// A claim disappeared from the cluster (watch Deleted). This node's own
+    /// record gone while it still holds the slot is written again: the
+    /// garbage collector takes a record with its owner (an Instance deleted
+    /// while a prepared claim or a pod keeps the hold: the device went
+    /// offline and may come back), and without the record other nodes and
+    /// the reservation controller would count a held slot as free. The
+    /// echo of this node's own release holds nothing and writes nothing.
     pub fn cluster_claim_removed(&mut self, slot: &str, node: &str) -> Vec<Effect> {
         let mut effects = Vec::new();
-        if node == self.node || self.others.get(slot).is_none_or(|n| n != node) {
+        if node == self.node {
+            self.in_cluster.remove(slot);
+            if self.claims.contains_key(slot) {
+                self.unsynced.insert(slot.to_owned());
+                self.flush(&mut effects);
+            }
+            return effects;
+        }
+        if self.others.get(slot).is_none_or(|n| n != node) {
             return effects;
         }
         self.others.remove(slot);
