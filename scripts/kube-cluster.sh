@@ -8,6 +8,8 @@
 #                                 its own containerd 2.x with kube-proxy; print
 #                                 KUBECONFIG=… and the rest for `eval`
 #   kube-cluster.sh stop DIR      stop all of it and remove what it left behind
+#   kube-cluster.sh restart-kubelet DIR NODE
+#                                 stop NODE's kubelet (SIGTERM) and start it again
 #
 # Env (start): STEWARD_KUBE_BIN (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kube-proxy and etcd: scripts/kube-build.sh),
@@ -61,7 +63,7 @@ die() {
   exit 1
 }
 usage() {
-  echo "usage: $0 start DIR | stop DIR | status DIR" >&2
+  echo "usage: $0 start DIR | stop DIR | restart-kubelet DIR NODE" >&2
   exit 2
 }
 
@@ -483,13 +485,30 @@ start_node() {
   done
   kubeconfig "$nd/kubelet.kubeconfig" "kubelet-$n"
   write_kubelet_config "$n" "$nd"
-  spawn "kubelet-$n" nsenter -t "$holder" -m -n -- "$BIN/kubelet" \
-    --config="$nd/kubelet.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
-    --hostname-override="$(node_name "$n")" --node-ip="$(node_ip "$n")" \
-    --root-dir=/var/lib/kubelet --v=1
+  start_kubelet "$n"
   write_proxy_config "$n" "$nd/kube-proxy.yaml"
   spawn "kube-proxy-$n" nsenter -t "$holder" -m -n -- "$BIN/kube-proxy" \
     --config="$nd/kube-proxy.yaml" --hostname-override="$(node_name "$n")"
+}
+
+start_kubelet() {
+  local n=$1 nd=$DIR/node-$1
+  spawn "kubelet-$n" nsenter -t "$(cat "$DIR/pids/holder-$n")" -m -n -- "$BIN/kubelet" \
+    --config="$nd/kubelet.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
+    --hostname-override="$(node_name "$n")" --node-ip="$(node_ip "$n")" \
+    --root-dir=/var/lib/kubelet --v=1
+}
+
+# kubelet of node N stopped (SIGTERM, as a service manager stops it) and
+# started again with the same configuration; its pods keep running.
+cmd_restart_kubelet() {
+  local n=${1#node-} pid
+  [ -f "$DIR/pids/kubelet-$n" ] || die "no kubelet of node-$n in $DIR"
+  BIN=$(cat "$DIR/kube-bin")
+  pid=$(cat "$DIR/pids/kubelet-$n")
+  terminate "$pid"
+  start_kubelet "$n"
+  log "kubelet of node-$n restarted"
 }
 
 node_ready() {
@@ -521,6 +540,7 @@ cmd_start() {
   [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/portmap ] || die "the CNI plugins are missing (containernetworking-plugins)"
   mkdir -p "$DIR/logs" "$DIR/pids"
   echo "$VERSION" >"$DIR/version"
+  echo "$BIN" >"$DIR/kube-bin"
   "$SCRIPT_DIR/build-images.sh" "$IMAGE_DIR" >&2
   make_pki
   kubeconfig "$DIR/admin.kubeconfig" admin
@@ -649,8 +669,12 @@ cmd_stop() {
   log "stopped"
 }
 
-[ "$#" -eq 2 ] || usage
+[ "$#" -eq 2 ] || { [ "$#" -eq 3 ] && [ "$1" = restart-kubelet ]; } || usage
 case "$1" in
+  restart-kubelet)
+    DIR=$(cd "$2" && pwd)
+    cmd_restart_kubelet "$3"
+    ;;
   start)
     mkdir -p "$2"
     DIR=$(cd "$2" && pwd)

@@ -9,10 +9,9 @@ use serde_json::{Value, json};
 use steward_real_cluster::{BUSYBOX, Cluster, eventually};
 
 fn slotclaims_naming(cluster: &Cluster, ns: &str, claim: &str) -> Vec<Value> {
-    let v: Value = serde_json::from_str(&cluster.kubectl(&[
-        "get", "slotclaims", "-n", ns, "-o", "json",
-    ]))
-    .unwrap();
+    let v: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
+            .unwrap();
     v["items"]
         .as_array()
         .cloned()
@@ -60,12 +59,16 @@ async fn a_prepared_device_that_goes_offline_and_comes_back_keeps_its_slotclaim(
         .await
         .unwrap();
     let class = format!("flaky.{}.steward.dev", ns.name);
-    eventually(&format!("DeviceClass {class}"), Duration::from_secs(90), || async {
-        cluster
-            .kubectl(&["get", "deviceclasses", "-o", "name"])
-            .contains(&class)
-            .then_some(())
-    })
+    eventually(
+        &format!("DeviceClass {class}"),
+        Duration::from_secs(90),
+        || async {
+            cluster
+                .kubectl(&["get", "deviceclasses", "-o", "name"])
+                .contains(&class)
+                .then_some(())
+        },
+    )
     .await;
     let claim_file = std::env::temp_dir().join(format!("draoff-{}.json", std::process::id()));
     std::fs::write(
@@ -101,10 +104,14 @@ async fn a_prepared_device_that_goes_offline_and_comes_back_keeps_its_slotclaim(
         .running(&ns.name, "user", Duration::from_secs(120))
         .await;
     let node = pod.spec.and_then(|s| s.node_name).unwrap();
-    let held = eventually("a SlotClaim for flaky-claim", Duration::from_secs(30), || async {
-        let v = slotclaims_naming(&cluster, &ns.name, "flaky-claim");
-        (!v.is_empty()).then_some(v)
-    })
+    let held = eventually(
+        "a SlotClaim for flaky-claim",
+        Duration::from_secs(30),
+        || async {
+            let v = slotclaims_naming(&cluster, &ns.name, "flaky-claim");
+            (!v.is_empty()).then_some(v)
+        },
+    )
     .await;
     let slot = held[0]["metadata"]["name"].as_str().unwrap().to_owned();
 

@@ -117,3 +117,177 @@ async fn the_last_slot_is_granted_again_by_the_real_kubelet() {
         );
     }
 }
+
+/// Proves: with both slots of an Instance held by running pods, a restart of
+/// the node's kubelet (its device-manager checkpoint re-read, the plugins
+/// registering again) and the agent's pod deleted and recreated by its
+/// DaemonSet neither grant a slot twice (a third pod stays unscheduled; the
+/// holders keep running; each slot keeps one SlotClaim naming its holder)
+/// nor lose one (the slot freed afterwards is granted to the waiting pod).
+#[tokio::test(flavor = "multi_thread")]
+async fn kubelet_and_agent_restarts_neither_double_grant_nor_lose_a_slot() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("s000r").await;
+    cluster
+        .configurations(&ns.name)
+        .create(
+            &Default::default(),
+            &debug_echo_configuration("lenses", &["lens-0"], 2),
+        )
+        .await
+        .unwrap();
+    let node = cluster.nodes[0].clone();
+    let inst = eventually(
+        &format!("an Instance of lenses on {node}"),
+        Duration::from_secs(90),
+        || async {
+            cluster
+                .instances_of(&ns.name, "lenses")
+                .await
+                .into_iter()
+                .find(|i| i.spec.nodes == vec![node.clone()])
+        },
+    )
+    .await;
+    let resource = format!("steward.dev/{}", inst.metadata.name.clone().unwrap());
+    eventually(
+        &format!("{node} allocatable {resource} = 2"),
+        Duration::from_secs(90),
+        || async { (cluster.allocatable(&node, &resource).await == 2).then_some(()) },
+    )
+    .await;
+    let limits = json!({ resource.clone(): "1" });
+    for p in ["holder-1", "holder-2"] {
+        cluster
+            .create_pod(&ns.name, busybox_pod(p, "sleep 3600", limits.clone()))
+            .await;
+    }
+    for p in ["holder-1", "holder-2"] {
+        cluster.running(&ns.name, p, Duration::from_secs(120)).await;
+    }
+    let claims_held = || {
+        let v: serde_json::Value = serde_json::from_str(&cluster.kubectl(&[
+            "get",
+            "slotclaims",
+            "-n",
+            &ns.name,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let mut holders: Vec<String> = v["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c["spec"]["pod"]["name"].as_str().map(str::to_owned))
+            .collect();
+        holders.sort();
+        holders
+    };
+    eventually(
+        "a SlotClaim per holder",
+        Duration::from_secs(30),
+        || async { (claims_held() == ["holder-1", "holder-2"]).then_some(()) },
+    )
+    .await;
+
+    // kubelet restarted.
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kube-cluster.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("restart-kubelet")
+        .arg(&cluster.dir)
+        .arg(&node)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "restart-kubelet: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The agent's pod on the node deleted; its DaemonSet makes a new one.
+    let agents = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        &cluster.release_namespace,
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let old_agent = agents.trim().to_owned();
+    cluster.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        &cluster.release_namespace,
+        &old_agent,
+        "--wait=true",
+    ]);
+    eventually(
+        &format!("a new agent pod Ready on {node}"),
+        Duration::from_secs(120),
+        || async {
+            let out = cluster.kubectl(&[
+                "get", "pods", "-n", &cluster.release_namespace,
+                "-l", "app.kubernetes.io/component=agent",
+                "--field-selector", &format!("spec.nodeName={node}"),
+                "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ]);
+            out.lines()
+                .any(|l| !l.starts_with(&old_agent) && l.ends_with("True"))
+                .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        &format!("{node} Ready"),
+        Duration::from_secs(120),
+        || async {
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+                kube::Api::all(cluster.client.clone());
+            nodes
+                .get(&node)
+                .await
+                .ok()
+                .filter(steward_real_cluster::node_ready)
+                .map(|_| ())
+        },
+    )
+    .await;
+    for p in ["holder-1", "holder-2"] {
+        cluster.running(&ns.name, p, Duration::from_secs(10)).await;
+    }
+
+    // No double grant: a third pod waits while both slots are held.
+    cluster
+        .create_pod(
+            &ns.name,
+            busybox_pod("waiter", "sleep 3600", limits.clone()),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let waiter = cluster.pods(&ns.name).get("waiter").await.unwrap();
+    assert!(
+        waiter.spec.and_then(|s| s.node_name).is_none(),
+        "the third pod must not be placed while both slots are held"
+    );
+    assert_eq!(
+        claims_held(),
+        ["holder-1", "holder-2"],
+        "each slot keeps its SlotClaim"
+    );
+
+    // No slot lost: the freed one goes to the waiter.
+    cluster.delete_pod_now(&ns.name, "holder-1").await;
+    cluster
+        .running(&ns.name, "waiter", Duration::from_secs(120))
+        .await;
+    let failed = cluster.events_with_reason(&ns.name, "UnexpectedAdmissionError");
+    assert!(failed.is_empty(), "pods failed admission: {failed:?}");
+}
