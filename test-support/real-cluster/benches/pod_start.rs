@@ -1,0 +1,167 @@
+//! Pod start and slot release on the real kubelet (the cluster
+//! `scripts/real-cluster up` starts, steward installed by helm), each against
+//! its baseline measured in the same run:
+//!
+//! - **start**: pod created → Running, for a pod asking one steward device
+//!   (device plugin) and one exclusive CPU (Guaranteed: pinned by the NRI
+//!   plugin), against a plain BestEffort pod on the same node; interleaved.
+//! - **release**: pod deleted (grace 0) → its SlotClaim gone (the slot free
+//!   in the cluster's view), against pod deleted → pod object gone (nothing
+//!   can free the slot before kubelet has let the pod go: the floor).
+//!
+//! `STEWARD_BENCH_SMOKE=1`: 2 rounds (the test command's real-cluster tier
+//! runs it so); otherwise `STEWARD_BENCH_ROUNDS` (default 20). Run by hand:
+//! `eval "$(scripts/real-cluster up DIR)"; cargo bench -p steward-real-cluster --bench pod_start`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+use steward_real_cluster::{BUSYBOX, Cluster, debug_echo_configuration, eventually};
+
+fn pod(name: &str, node: &str, limits: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{
+                "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": {"limits": limits},
+            }],
+        },
+    })
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    s[(((s.len() - 1) as f64) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn line(what: &str, v: &[Duration], base: &[Duration]) {
+    println!(
+        "{what}: p50 {:.0} ms p99 {:.0} ms | baseline p50 {:.0} ms p99 {:.0} ms | ratio p50 {:.2}x p99 {:.2}x ({} rounds)",
+        ms(pct(v, 0.5)),
+        ms(pct(v, 0.99)),
+        ms(pct(base, 0.5)),
+        ms(pct(base, 0.99)),
+        ms(pct(v, 0.5)) / ms(pct(base, 0.5)),
+        ms(pct(v, 0.99)) / ms(pct(base, 0.99)),
+        v.len()
+    );
+}
+
+fn slotclaim_count(cluster: &Cluster, ns: &str) -> usize {
+    let v: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
+            .unwrap();
+    v["items"].as_array().map(Vec::len).unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let rounds: usize = if std::env::var_os("STEWARD_BENCH_SMOKE").is_some() {
+        2
+    } else {
+        std::env::var("STEWARD_BENCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20)
+    };
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("bench").await;
+    let node = cluster.nodes[0].clone();
+    cluster
+        .configurations(&ns.name)
+        .create(
+            &Default::default(),
+            &debug_echo_configuration("benchdev", &["bench-0"], 1),
+        )
+        .await
+        .unwrap();
+    let inst = eventually("the bench Instance", Duration::from_secs(90), || async {
+        cluster
+            .instances_of(&ns.name, "benchdev")
+            .await
+            .into_iter()
+            .find(|i| i.spec.nodes == vec![node.clone()])
+    })
+    .await;
+    let resource = format!("steward.dev/{}", inst.metadata.name.clone().unwrap());
+    eventually(
+        "the device plugin's slot",
+        Duration::from_secs(90),
+        || async { (cluster.allocatable(&node, &resource).await == 1).then_some(()) },
+    )
+    .await;
+    let pods = cluster.pods(&ns.name);
+
+    let (mut plain, mut steward, mut gone, mut freed) = (vec![], vec![], vec![], vec![]);
+    for i in 0..rounds {
+        // Plain pod: start, then delete → object gone (the release floor).
+        let name = format!("plain-{i}");
+        let t = Instant::now();
+        cluster
+            .create_pod(&ns.name, pod(&name, &node, json!({})))
+            .await;
+        cluster
+            .running(&ns.name, &name, Duration::from_secs(120))
+            .await;
+        plain.push(t.elapsed());
+        let t = Instant::now();
+        cluster.delete_pod_now(&ns.name, &name).await;
+        gone.push(t.elapsed());
+
+        // Device + exclusive CPU: start, then delete → SlotClaim gone.
+        let name = format!("dev-{i}");
+        let limits = json!({resource.clone(): "1", "cpu": "1", "memory": "32Mi"});
+        // The previous round's slot must be free at kubelet too.
+        eventually(
+            "the slot allocatable again",
+            Duration::from_secs(60),
+            || async { (cluster.allocatable(&node, &resource).await == 1).then_some(()) },
+        )
+        .await;
+        let t = Instant::now();
+        cluster
+            .create_pod(&ns.name, pod(&name, &node, limits))
+            .await;
+        cluster
+            .running(&ns.name, &name, Duration::from_secs(120))
+            .await;
+        steward.push(t.elapsed());
+        eventually("the SlotClaim written", Duration::from_secs(30), || async {
+            (slotclaim_count(&cluster, &ns.name) == 1).then_some(())
+        })
+        .await;
+        let t = Instant::now();
+        let _ = pods
+            .delete(&name, &DeleteParams::default().grace_period(0))
+            .await;
+        eventually("the SlotClaim gone", Duration::from_secs(60), || async {
+            (slotclaim_count(&cluster, &ns.name) == 0).then_some(())
+        })
+        .await;
+        freed.push(t.elapsed());
+        cluster.delete_pod_now(&ns.name, &name).await;
+    }
+    println!("pod_start on Kubernetes {} ({node})", cluster.version);
+    line(
+        "start: device + exclusive CPU vs plain pod",
+        &steward,
+        &plain,
+    );
+    line(
+        "release: pod deleted → SlotClaim gone vs pod object gone",
+        &freed,
+        &gone,
+    );
+}
