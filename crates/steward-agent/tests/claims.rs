@@ -441,8 +441,10 @@ async fn unavailable_api_server_is_unreachable() {
 async fn unknown_and_ambiguous_instances_fail() {
     let server = api_server().await;
     let a = store(&server);
+    // No such Instance (its device offline, or never there): the write
+    // waits for it.
     let write = a.write(&pending("node-a", "nope-0", 1)).await;
-    assert!(matches!(write, Err(ClaimError::Failed(_))), "{write:?}");
+    assert!(matches!(write, Err(ClaimError::NoInstance(_))), "{write:?}");
     let not_a_slot = a.write(&pending("node-a", "cam", 1)).await;
     assert!(
         matches!(not_a_slot, Err(ClaimError::Failed(_))),

@@ -332,7 +332,7 @@ impl KubeClaimStore {
             .map_err(|e| ClaimError::Failed(format!("writing claim: {e}")))?;
         let name = claim.slot().to_owned();
         let inst = self.resolve(&spec.instance).await?.ok_or_else(|| {
-            ClaimError::Failed(format!(
+            ClaimError::NoInstance(format!(
                 "claim {name}: no Instance named {} in the cluster",
                 spec.instance
             ))

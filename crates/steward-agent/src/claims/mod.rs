@@ -50,6 +50,11 @@ pub enum ClaimError {
     /// the cluster as unreachable.
     #[error("claim store unreachable: {0}")]
     Unreachable(String),
+    /// The claim's Instance is not in the cluster (its device is offline
+    /// while the slot is still held): the record cannot be owned by it yet.
+    /// The caller retries; the write succeeds once the Instance is back.
+    #[error("claim store has no Instance for the claim: {0}")]
+    NoInstance(String),
     /// Anything else, with context.
     #[error("claim store failed: {0}")]
     Failed(String),

@@ -65,6 +65,13 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                                 st.ledger.cluster_write_failed(&slot);
                                 queue.extend(st.ledger.cluster_reachability(false));
                             }
+                            Err(ClaimError::NoInstance(m)) => {
+                                // The device is offline while the slot is
+                                // held: retried each tick until it is back
+                                // (counted by result="no_instance").
+                                tracing::debug!(%slot, error = %m, "slot claim waits for its Instance");
+                                st.ledger.cluster_write_failed(&slot);
+                            }
                             Err(e) => {
                                 tracing::warn!(%slot, error = %e, "cluster slot claim write failed; will retry");
                                 st.ledger.cluster_write_failed(&slot);

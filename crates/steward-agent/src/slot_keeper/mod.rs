@@ -154,6 +154,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         let result = match r {
             Ok(_) => "ok",
             Err(ClaimError::Unreachable(_)) => "unreachable",
+            Err(ClaimError::NoInstance(_)) => "no_instance",
             Err(ClaimError::Failed(_)) => "failed",
         };
         self.metrics.claim_op(store, op, result);
