@@ -5,9 +5,9 @@
 //! - **start**: pod created → Running, for a pod asking one steward device
 //!   (device plugin) and one exclusive CPU (Guaranteed: pinned by the NRI
 //!   plugin), against a plain BestEffort pod on the same node; interleaved.
-//! - **release**: pod deleted (grace 0) → its SlotClaim gone (the slot free
-//!   in the cluster's view), against pod deleted → pod object gone (nothing
-//!   can free the slot before kubelet has let the pod go: the floor).
+//! - **release**: pod deleted → its SlotClaim gone (the slot free in the
+//!   cluster's view), against a plain pod deleted → pod object gone (kubelet
+//!   has stopped it: nothing can free a slot before that; the floor).
 //!
 //! `STEWARD_BENCH_SMOKE=1`: 2 rounds (the test command's real-cluster tier
 //! runs it so); otherwise `STEWARD_BENCH_ROUNDS` (default 20). Run by hand:
@@ -20,12 +20,18 @@ use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use steward_real_cluster::{BUSYBOX, Cluster, debug_echo_configuration, eventually};
 
+/// Grace 1 s, deleted gracefully: the pod object stays until kubelet has
+/// stopped its containers, so the next round never starts while the last
+/// one's exclusive CPU is still held. (A pod deleted with grace 0 is gone
+/// from the API before kubelet stops it; a new pod's exclusive CPU is then
+/// refused by the NRI plugin until the old container stops, and kubelet
+/// retries after its back-off: 10 s and more.)
 fn pod(name: &str, node: &str, limits: Value) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "terminationGracePeriodSeconds": 0,
+            "terminationGracePeriodSeconds": 1,
             "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{
                 "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
@@ -64,6 +70,18 @@ fn slotclaim_count(cluster: &Cluster, ns: &str) -> usize {
         serde_json::from_str(&cluster.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
             .unwrap();
     v["items"].as_array().map(Vec::len).unwrap_or(0)
+}
+
+/// Deletes a pod with its own grace period and waits until the object is
+/// gone (kubelet has stopped its containers).
+async fn delete_gracefully(cluster: &Cluster, ns: &str, name: &str) {
+    let pods = cluster.pods(ns);
+    let _ = pods.delete(name, &DeleteParams::default()).await;
+    eventually(&format!("pod {name} gone"), Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move { matches!(pods.get_opt(name).await, Ok(None)).then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -117,7 +135,7 @@ async fn main() {
             .await;
         plain.push(t.elapsed());
         let t = Instant::now();
-        cluster.delete_pod_now(&ns.name, &name).await;
+        delete_gracefully(&cluster, &ns.name, &name).await;
         gone.push(t.elapsed());
 
         // Device + exclusive CPU: start, then delete → SlotClaim gone.
@@ -143,15 +161,13 @@ async fn main() {
         })
         .await;
         let t = Instant::now();
-        let _ = pods
-            .delete(&name, &DeleteParams::default().grace_period(0))
-            .await;
+        let _ = pods.delete(&name, &DeleteParams::default()).await;
         eventually("the SlotClaim gone", Duration::from_secs(60), || async {
             (slotclaim_count(&cluster, &ns.name) == 0).then_some(())
         })
         .await;
         freed.push(t.elapsed());
-        cluster.delete_pod_now(&ns.name, &name).await;
+        delete_gracefully(&cluster, &ns.name, &name).await;
     }
     println!("pod_start on Kubernetes {} ({node})", cluster.version);
     line(
