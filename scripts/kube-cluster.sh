@@ -40,8 +40,9 @@
 # The extender: kube-scheduler calls http://10.96.200.200:8888 (the Service
 # steward's chart makes when installed with
 # extender.service.clusterIP=10.96.200.200), for the resources of
-# STEWARD_CLUSTER_MANAGED (space-separated; default steward.dev/* is not a
-# pattern the scheduler knows, so the tests list theirs).
+# STEWARD_CLUSTER_MANAGED (space-separated; default
+# resmgr.steward.dev/exclusive-cpus: each steward.dev/<instance> is a
+# resource name of its own, and the scheduler takes no pattern).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
