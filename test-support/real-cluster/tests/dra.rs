@@ -197,3 +197,148 @@ fn apply(cluster: &Cluster, ns: &str, obj: Value) {
     std::fs::write(&file, obj.to_string()).unwrap();
     cluster.kubectl(&["apply", "-n", ns, "-f", file.to_str().unwrap()]);
 }
+
+/// Proves: a slot held through the device plugin is tainted in the
+/// ResourceSlice (`steward.dev/held`, NoSchedule) as the real API server
+/// stores it, the real kube-scheduler does not allocate it to a claim while
+/// the taint is there (the claim's pod stays unscheduled), and once the
+/// device-plugin pod is deleted the taint goes and the claim is allocated
+/// that device and its pod runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_held_through_the_device_plugin_is_tainted_and_not_allocated() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("drataint").await;
+    cluster
+        .configurations(&ns.name)
+        .create(
+            &Default::default(),
+            &debug_echo_configuration("held", &["held-0"], 1),
+        )
+        .await
+        .unwrap();
+    let node = cluster.nodes[0].clone();
+    let inst = eventually(
+        &format!("an Instance of held on {node}"),
+        Duration::from_secs(90),
+        || async {
+            cluster
+                .instances_of(&ns.name, "held")
+                .await
+                .into_iter()
+                .find(|i| i.spec.nodes == vec![node.clone()])
+        },
+    )
+    .await;
+    let name = inst.metadata.name.clone().unwrap();
+    let resource = format!("steward.dev/{name}");
+    eventually(
+        &format!("{node} allocatable {resource}"),
+        Duration::from_secs(90),
+        || async { (cluster.allocatable(&node, &resource).await == 1).then_some(()) },
+    )
+    .await;
+    cluster
+        .create_pod(
+            &ns.name,
+            steward_real_cluster::busybox_pod(
+                "holder",
+                "sleep 3600",
+                json!({ resource.clone(): "1" }),
+            ),
+        )
+        .await;
+    cluster
+        .running(&ns.name, "holder", Duration::from_secs(120))
+        .await;
+    let taint_of = |slices: Vec<Value>| -> Option<Value> {
+        slices.iter().find_map(|s| {
+            s["spec"]["devices"]
+                .as_array()?
+                .iter()
+                .find_map(|d| (d["name"].as_str()?.starts_with(&name)).then(|| d["taints"].clone()))
+        })
+    };
+    let taints = eventually(
+        "the held slot's taint in the ResourceSlice",
+        Duration::from_secs(30),
+        || async {
+            taint_of(slices(&cluster)).filter(|t| t.to_string().contains("steward.dev/held"))
+        },
+    )
+    .await;
+    assert!(taints.to_string().contains("NoSchedule"), "{taints}");
+
+    let class = format!("held.{}.steward.dev", ns.name);
+    apply(
+        &cluster,
+        &ns.name,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "wants-held"},
+            "spec": {"devices": {"requests": [{"name": "d", "exactly": {
+                "deviceClassName": class,
+                "selectors": [{"cel": {"expression": format!(
+                    "device.attributes[\"steward.dev\"].instance == \"{name}\""
+                )}}],
+            }}]}},
+        }),
+    );
+    apply(
+        &cluster,
+        &ns.name,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "claimer"},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "d", "resourceClaimName": "wants-held"}],
+                "containers": [{
+                    "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "d"}]},
+                }],
+            },
+        }),
+    );
+    // While the device plugin holds the slot: not allocated, not placed.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let claim: Value = serde_json::from_str(&cluster.kubectl(&[
+        "get",
+        "resourceclaim",
+        "-n",
+        &ns.name,
+        "wants-held",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert!(
+        claim["status"]["allocation"].is_null(),
+        "a tainted slot must not be allocated: {claim}"
+    );
+    let claimer = cluster.pods(&ns.name).get("claimer").await.unwrap();
+    assert!(
+        claimer.spec.and_then(|s| s.node_name).is_none(),
+        "claimer placed on a held slot"
+    );
+
+    // The holder goes: the taint goes, the claim gets the device.
+    cluster.delete_pod_now(&ns.name, "holder").await;
+    cluster
+        .running(&ns.name, "claimer", Duration::from_secs(120))
+        .await;
+    let claim: Value = serde_json::from_str(&cluster.kubectl(&[
+        "get",
+        "resourceclaim",
+        "-n",
+        &ns.name,
+        "wants-held",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap_or("");
+    assert!(device.starts_with(&name), "{claim}");
+}
