@@ -66,10 +66,7 @@ fn line(what: &str, v: &[Duration], base: &[Duration]) {
 }
 
 fn slotclaim_count(cluster: &Cluster, ns: &str) -> usize {
-    let v: Value =
-        serde_json::from_str(&cluster.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
-            .unwrap();
-    v["items"].as_array().map(Vec::len).unwrap_or(0)
+    cluster.slotclaims(ns).len()
 }
 
 /// Deletes a pod with its own grace period and waits until the object is
@@ -98,28 +95,14 @@ async fn main() {
     let ns = cluster.namespace("bench").await;
     let node = cluster.nodes[0].clone();
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
+        .create_configuration(
+            &ns.name,
             &debug_echo_configuration("benchdev", &["bench-0"], 1),
         )
-        .await
-        .unwrap();
-    let inst = eventually("the bench Instance", Duration::from_secs(90), || async {
-        cluster
-            .instances_of(&ns.name, "benchdev")
-            .await
-            .into_iter()
-            .find(|i| i.spec.nodes == vec![node.clone()])
-    })
-    .await;
+        .await;
+    let inst = cluster.instance_on(&ns.name, "benchdev", &node).await;
     let resource = format!("steward.dev/{}", inst.metadata.name.clone().unwrap());
-    eventually(
-        "the device plugin's slot",
-        Duration::from_secs(90),
-        || async { (cluster.allocatable(&node, &resource).await == 1).then_some(()) },
-    )
-    .await;
+    cluster.wait_allocatable(&node, &resource, 1).await;
     let pods = cluster.pods(&ns.name);
 
     let (mut plain, mut steward, mut gone, mut freed) = (vec![], vec![], vec![], vec![]);

@@ -212,6 +212,81 @@ impl Cluster {
             .collect()
     }
 
+    /// Creates `conf` in `ns`.
+    pub async fn create_configuration(&self, ns: &str, conf: &Configuration) {
+        self.configurations(ns)
+            .create(&PostParams::default(), conf)
+            .await
+            .unwrap_or_else(|e| panic!("create Configuration {:?}: {e}", conf.metadata.name));
+    }
+
+    /// Waits for the Instance of `configuration` that only `node` sees.
+    pub async fn instance_on(&self, ns: &str, configuration: &str, node: &str) -> Instance {
+        eventually(
+            &format!("an Instance of {configuration} on {node}"),
+            Duration::from_secs(90),
+            || async {
+                self.instances_of(ns, configuration)
+                    .await
+                    .into_iter()
+                    .find(|i| i.spec.nodes.len() == 1 && i.spec.nodes[0] == node)
+            },
+        )
+        .await
+    }
+
+    /// Waits until `node` advertises `n` of `resource` (kubelet's allocatable).
+    pub async fn wait_allocatable(&self, node: &str, resource: &str, n: i64) {
+        eventually(
+            &format!("{node} allocatable {resource} = {n}"),
+            Duration::from_secs(90),
+            || async { (self.allocatable(node, resource).await == n).then_some(()) },
+        )
+        .await
+    }
+
+    /// Waits for the controller's DeviceClass of `configuration` in `ns`;
+    /// returns its name.
+    pub async fn device_class(&self, ns: &str, configuration: &str) -> String {
+        let class = format!("{configuration}.{ns}.steward.dev");
+        eventually(
+            &format!("DeviceClass {class}"),
+            Duration::from_secs(90),
+            || {
+                let class = class.clone();
+                async move {
+                    self.kubectl(&["get", "deviceclasses", "-o", "name"])
+                        .contains(&format!("deviceclass.resource.k8s.io/{class}"))
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+        class
+    }
+
+    /// `kubectl apply` of one object into `ns` (kubectl's own serializer on
+    /// the wire).
+    pub fn apply(&self, ns: &str, obj: &Value) {
+        let dir = std::env::temp_dir().join(format!("steward-rc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!(
+            "{}-{}.json",
+            obj["kind"].as_str().unwrap_or("obj"),
+            obj["metadata"]["name"].as_str().unwrap_or("x")
+        ));
+        std::fs::write(&file, obj.to_string()).unwrap();
+        self.kubectl(&["apply", "-n", ns, "-f", file.to_str().unwrap()]);
+    }
+
+    /// Every SlotClaim in `ns`, as JSON.
+    pub fn slotclaims(&self, ns: &str) -> Vec<Value> {
+        let v: Value =
+            serde_json::from_str(&self.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
+                .unwrap();
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
     /// Every event in `ns` whose reason is `reason`, as "object: message".
     pub fn events_with_reason(&self, ns: &str, reason: &str) -> Vec<String> {
         let out = self.kubectl(&["get", "events", "-n", ns, "-o", "json"]);

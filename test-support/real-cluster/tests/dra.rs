@@ -22,24 +22,9 @@ async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("dra").await;
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
-            &debug_echo_configuration("gpus", &["gpu-0"], 1),
-        )
-        .await
-        .unwrap();
-    let class = format!("gpus.{}.steward.dev", ns.name);
-    eventually(
-        &format!("DeviceClass {class}"),
-        Duration::from_secs(90),
-        || async {
-            let out = cluster.kubectl(&["get", "deviceclasses", "-o", "name"]);
-            out.contains(&format!("deviceclass.resource.k8s.io/{class}"))
-                .then_some(())
-        },
-    )
-    .await;
+        .create_configuration(&ns.name, &debug_echo_configuration("gpus", &["gpu-0"], 1))
+        .await;
+    let class = cluster.device_class(&ns.name, "gpus").await;
     // Each node publishes its own gpu-0 (debug-echo devices are not shared).
     eventually(
         "a steward.dev device of gpus in each node's ResourceSlices",
@@ -67,10 +52,9 @@ async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
     )
     .await;
 
-    apply(
-        &cluster,
+    cluster.apply(
         &ns.name,
-        json!({
+        &json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": "one-gpu"},
@@ -79,10 +63,9 @@ async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
             ]}}},
         }),
     );
-    apply(
-        &cluster,
+    cluster.apply(
         &ns.name,
-        json!({
+        &json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "trainer"},
@@ -133,19 +116,8 @@ async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
         &format!("a SlotClaim for ResourceClaim {claim_name}"),
         Duration::from_secs(30),
         || async {
-            let v: Value = serde_json::from_str(&cluster.kubectl(&[
-                "get",
-                "slotclaims",
-                "-n",
-                &ns.name,
-                "-o",
-                "json",
-            ]))
-            .unwrap();
-            let held: Vec<Value> = v["items"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+            let held: Vec<Value> = cluster
+                .slotclaims(&ns.name)
                 .into_iter()
                 .filter(|c| c.to_string().contains(&claim_name))
                 .collect();
@@ -165,8 +137,8 @@ async fn the_real_scheduler_allocates_and_kubelet_prepares_a_steward_device() {
         "the SlotClaim released after the pod is gone",
         Duration::from_secs(90),
         || async {
-            let out = cluster.kubectl(&["get", "slotclaims", "-n", &ns.name, "-o", "json"]);
-            (!out.contains(&claim_name)).then_some(())
+            let held = cluster.slotclaims(&ns.name);
+            (!held.iter().any(|c| c.to_string().contains(&claim_name))).then_some(())
         },
     )
     .await;
@@ -185,19 +157,6 @@ fn slices(cluster: &Cluster) -> Vec<Value> {
     v["items"].as_array().cloned().unwrap_or_default()
 }
 
-/// `kubectl apply` of one object (kubectl's own serializer on the wire).
-fn apply(cluster: &Cluster, ns: &str, obj: Value) {
-    let dir = std::env::temp_dir().join(format!("steward-rc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!(
-        "{}-{}.json",
-        obj["kind"].as_str().unwrap_or("obj"),
-        obj["metadata"]["name"].as_str().unwrap_or("x")
-    ));
-    std::fs::write(&file, obj.to_string()).unwrap();
-    cluster.kubectl(&["apply", "-n", ns, "-f", file.to_str().unwrap()]);
-}
-
 /// Proves: a slot held through the device plugin is tainted in the
 /// ResourceSlice (`steward.dev/held`, NoSchedule) as the real API server
 /// stores it, the real kube-scheduler does not allocate it to a claim while
@@ -209,34 +168,13 @@ async fn a_slot_held_through_the_device_plugin_is_tainted_and_not_allocated() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("drataint").await;
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
-            &debug_echo_configuration("held", &["held-0"], 1),
-        )
-        .await
-        .unwrap();
+        .create_configuration(&ns.name, &debug_echo_configuration("held", &["held-0"], 1))
+        .await;
     let node = cluster.nodes[0].clone();
-    let inst = eventually(
-        &format!("an Instance of held on {node}"),
-        Duration::from_secs(90),
-        || async {
-            cluster
-                .instances_of(&ns.name, "held")
-                .await
-                .into_iter()
-                .find(|i| i.spec.nodes == vec![node.clone()])
-        },
-    )
-    .await;
+    let inst = cluster.instance_on(&ns.name, "held", &node).await;
     let name = inst.metadata.name.clone().unwrap();
     let resource = format!("steward.dev/{name}");
-    eventually(
-        &format!("{node} allocatable {resource}"),
-        Duration::from_secs(90),
-        || async { (cluster.allocatable(&node, &resource).await == 1).then_some(()) },
-    )
-    .await;
+    cluster.wait_allocatable(&node, &resource, 1).await;
     cluster
         .create_pod(
             &ns.name,
@@ -268,11 +206,10 @@ async fn a_slot_held_through_the_device_plugin_is_tainted_and_not_allocated() {
     .await;
     assert!(taints.to_string().contains("NoSchedule"), "{taints}");
 
-    let class = format!("held.{}.steward.dev", ns.name);
-    apply(
-        &cluster,
+    let class = cluster.device_class(&ns.name, "held").await;
+    cluster.apply(
         &ns.name,
-        json!({
+        &json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "wants-held"},
             "spec": {"devices": {"requests": [{"name": "d", "exactly": {
@@ -283,10 +220,9 @@ async fn a_slot_held_through_the_device_plugin_is_tainted_and_not_allocated() {
             }}]}},
         }),
     );
-    apply(
-        &cluster,
+    cluster.apply(
         &ns.name,
-        json!({
+        &json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "claimer"},
             "spec": {

@@ -9,13 +9,8 @@ use serde_json::{Value, json};
 use steward_real_cluster::{BUSYBOX, Cluster, eventually};
 
 fn slotclaims_naming(cluster: &Cluster, ns: &str, claim: &str) -> Vec<Value> {
-    let v: Value =
-        serde_json::from_str(&cluster.kubectl(&["get", "slotclaims", "-n", ns, "-o", "json"]))
-            .unwrap();
-    v["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    cluster
+        .slotclaims(ns)
         .into_iter()
         .filter(|c| c.to_string().contains(claim))
         .collect()
@@ -53,35 +48,16 @@ async fn a_prepared_device_that_goes_offline_and_comes_back_keeps_its_slotclaim(
         },
     }))
     .unwrap();
-    cluster
-        .configurations(&ns.name)
-        .create(&Default::default(), &conf)
-        .await
-        .unwrap();
-    let class = format!("flaky.{}.steward.dev", ns.name);
-    eventually(
-        &format!("DeviceClass {class}"),
-        Duration::from_secs(90),
-        || async {
-            cluster
-                .kubectl(&["get", "deviceclasses", "-o", "name"])
-                .contains(&class)
-                .then_some(())
-        },
-    )
-    .await;
-    let claim_file = std::env::temp_dir().join(format!("draoff-{}.json", std::process::id()));
-    std::fs::write(
-        &claim_file,
-        json!({
+    cluster.create_configuration(&ns.name, &conf).await;
+    let class = cluster.device_class(&ns.name, "flaky").await;
+    cluster.apply(
+        &ns.name,
+        &json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "flaky-claim"},
             "spec": {"devices": {"requests": [{"name": "d", "exactly": {"deviceClassName": class}}]}},
-        })
-        .to_string(),
-    )
-    .unwrap();
-    cluster.kubectl(&["apply", "-n", &ns.name, "-f", claim_file.to_str().unwrap()]);
+        }),
+    );
     cluster
         .create_pod(
             &ns.name,

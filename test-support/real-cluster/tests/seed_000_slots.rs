@@ -45,12 +45,7 @@ async fn the_last_slot_is_granted_again_by_the_real_kubelet() {
     let name = inst.metadata.name.clone().unwrap();
     let resource = format!("steward.dev/{name}");
     let node = cluster.nodes[0].clone();
-    eventually(
-        &format!("{node} allocatable {resource} = 2"),
-        Duration::from_secs(90),
-        || async { (cluster.allocatable(&node, &resource).await == 2).then_some(()) },
-    )
-    .await;
+    cluster.wait_allocatable(&node, &resource, 2).await;
 
     let limits = json!({ resource.clone(): "1" });
     for p in ["holder-1", "holder-2"] {
@@ -129,33 +124,15 @@ async fn kubelet_and_agent_restarts_neither_double_grant_nor_lose_a_slot() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("s000r").await;
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
+        .create_configuration(
+            &ns.name,
             &debug_echo_configuration("lenses", &["lens-0"], 2),
         )
-        .await
-        .unwrap();
+        .await;
     let node = cluster.nodes[0].clone();
-    let inst = eventually(
-        &format!("an Instance of lenses on {node}"),
-        Duration::from_secs(90),
-        || async {
-            cluster
-                .instances_of(&ns.name, "lenses")
-                .await
-                .into_iter()
-                .find(|i| i.spec.nodes == vec![node.clone()])
-        },
-    )
-    .await;
+    let inst = cluster.instance_on(&ns.name, "lenses", &node).await;
     let resource = format!("steward.dev/{}", inst.metadata.name.clone().unwrap());
-    eventually(
-        &format!("{node} allocatable {resource} = 2"),
-        Duration::from_secs(90),
-        || async { (cluster.allocatable(&node, &resource).await == 2).then_some(()) },
-    )
-    .await;
+    cluster.wait_allocatable(&node, &resource, 2).await;
     let limits = json!({ resource.clone(): "1" });
     for p in ["holder-1", "holder-2"] {
         cluster
@@ -166,19 +143,8 @@ async fn kubelet_and_agent_restarts_neither_double_grant_nor_lose_a_slot() {
         cluster.running(&ns.name, p, Duration::from_secs(120)).await;
     }
     let claims_held = || {
-        let v: serde_json::Value = serde_json::from_str(&cluster.kubectl(&[
-            "get",
-            "slotclaims",
-            "-n",
-            &ns.name,
-            "-o",
-            "json",
-        ]))
-        .unwrap();
-        let mut holders: Vec<String> = v["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        let mut holders: Vec<String> = cluster
+            .slotclaims(&ns.name)
             .iter()
             .filter_map(|c| c["spec"]["pod"]["name"].as_str().map(str::to_owned))
             .collect();

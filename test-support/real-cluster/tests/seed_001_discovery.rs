@@ -19,13 +19,11 @@ async fn a_configuration_becomes_device_plugins_on_both_kubelets() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("s001").await;
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
+        .create_configuration(
+            &ns.name,
             &debug_echo_configuration("sensors", &["sensor-0", "sensor-1"], 1),
         )
-        .await
-        .unwrap();
+        .await;
 
     let want = 2 * cluster.nodes.len();
     let instances = eventually(
@@ -46,12 +44,7 @@ async fn a_configuration_becomes_device_plugins_on_both_kubelets() {
         assert_eq!(mine.len(), 2, "two Instances on {node}: {instances:?}");
         for inst in &mine {
             let resource = format!("steward.dev/{}", inst.metadata.name.as_deref().unwrap());
-            eventually(
-                &format!("{node} allocatable {resource} = 1"),
-                Duration::from_secs(90),
-                || async { (cluster.allocatable(node, &resource).await == 1).then_some(()) },
-            )
-            .await;
+            cluster.wait_allocatable(node, &resource, 1).await;
         }
         // A pod on each node, through the real scheduler and kubelet.
         let inst = mine[0];

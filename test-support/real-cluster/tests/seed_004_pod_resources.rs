@@ -100,13 +100,11 @@ async fn steward_pod_resources_match_kubelets_own() {
     let steward_sock = sockets.join("steward.sock");
 
     cluster
-        .configurations(&ns.name)
-        .create(
-            &Default::default(),
+        .create_configuration(
+            &ns.name,
             &debug_echo_configuration("probes", &["probe-0", "probe-1"], 1),
         )
-        .await
-        .unwrap();
+        .await;
     let instances = eventually(
         &format!("two Instances of probes on {node}"),
         Duration::from_secs(90),
@@ -125,12 +123,7 @@ async fn steward_pod_resources_match_kubelets_own() {
         "steward.dev/{}",
         instances[0].metadata.name.as_deref().unwrap()
     );
-    eventually(
-        &format!("{node} allocatable {dp_resource}"),
-        Duration::from_secs(90),
-        || async { (cluster.allocatable(&node, &dp_resource).await == 1).then_some(()) },
-    )
-    .await;
+    cluster.wait_allocatable(&node, &dp_resource, 1).await;
 
     // A pod with a device-plugin device and one exclusive CPU.
     cluster
@@ -156,22 +149,10 @@ async fn steward_pod_resources_match_kubelets_own() {
         )
         .await;
     // A pod with a device through a DRA claim of the Configuration's class.
-    let class = format!("probes.{}.steward.dev", ns.name);
-    eventually(
-        &format!("DeviceClass {class}"),
-        Duration::from_secs(60),
-        || async {
-            cluster
-                .kubectl(&["get", "deviceclasses", "-o", "name"])
-                .contains(&class)
-                .then_some(())
-        },
-    )
-    .await;
-    let claim_file = std::env::temp_dir().join(format!("s004-claim-{}.json", std::process::id()));
-    std::fs::write(
-        &claim_file,
-        json!({
+    let class = cluster.device_class(&ns.name, "probes").await;
+    cluster.apply(
+        &ns.name,
+        &json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "probe-claim"},
             // The other Instance's device: a slot the device-plugin pod
@@ -184,11 +165,8 @@ async fn steward_pod_resources_match_kubelets_own() {
                     instances[1].metadata.name.as_deref().unwrap()
                 )}}],
             }}]}},
-        })
-        .to_string(),
-    )
-    .unwrap();
-    cluster.kubectl(&["apply", "-n", &ns.name, "-f", claim_file.to_str().unwrap()]);
+        }),
+    );
     cluster
         .create_pod(
             &ns.name,
