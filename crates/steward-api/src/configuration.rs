@@ -148,7 +148,10 @@ pub struct KeyRef {
     /// Object name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// Object namespace; defaults to the Configuration's namespace.
+    /// Object namespace: the Configuration's own (the default) is the only
+    /// one accepted; a reference to another namespace is refused
+    /// (`DetailsValid` False), so a Configuration's author can have the
+    /// agent read only what their namespace holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// Key within the object's data.

@@ -39,6 +39,12 @@ pub async fn resolve_properties(
         let Some(from) = &p.value_from else {
             return Err(err("neither value nor valueFrom is set".into()));
         };
+        if let Some(other) = foreign_namespace(namespace, from) {
+            return Err(err(format!(
+                "refers to namespace {other}: a Configuration may read Secrets and ConfigMaps \
+                 of its own namespace ({namespace}) only"
+            )));
+        }
         let value = match (&from.secret_key_ref, &from.config_map_key_ref) {
             (Some(r), None) => secret_key(client, namespace, r)
                 .await
@@ -63,6 +69,20 @@ pub async fn resolve_properties(
     Ok(out)
 }
 
+/// The namespace a reference names when it is not the Configuration's own:
+/// such a reference is refused, so whoever may create a Configuration in a
+/// namespace can have the agent read only what that namespace holds.
+fn foreign_namespace<'a>(
+    namespace: &str,
+    from: &'a steward_api::DiscoveryPropertySource,
+) -> Option<&'a str> {
+    [&from.secret_key_ref, &from.config_map_key_ref]
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.namespace.as_deref())
+        .find(|ns| *ns != namespace)
+}
+
 fn p_optional(from: &steward_api::DiscoveryPropertySource) -> bool {
     from.secret_key_ref
         .as_ref()
@@ -81,7 +101,7 @@ fn read_err(
     SourceError::PropertySource {
         property: property.to_owned(),
         kind,
-        namespace: r.namespace.as_deref().unwrap_or(namespace).to_owned(),
+        namespace: namespace.to_owned(),
         name: r.name.clone(),
         source: Box::new(source),
     }
@@ -92,8 +112,7 @@ async fn secret_key(
     namespace: &str,
     r: &KeyRef,
 ) -> Result<Option<Vec<u8>>, kube::Error> {
-    let ns = r.namespace.as_deref().unwrap_or(namespace);
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get_opt(&r.name)
         .await?;
     Ok(secret.and_then(|s| {
@@ -111,8 +130,7 @@ async fn config_map_key(
     namespace: &str,
     r: &KeyRef,
 ) -> Result<Option<Vec<u8>>, kube::Error> {
-    let ns = r.namespace.as_deref().unwrap_or(namespace);
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get_opt(&r.name)
         .await?;
     Ok(cm.and_then(|c| {
@@ -175,7 +193,12 @@ fn property_sources(namespace: &str, spec: &ConfigurationSpec) -> BTreeSet<Prope
     let mut out = BTreeSet::new();
     for p in &spec.discovery_handler.discovery_properties {
         let Some(from) = &p.value_from else { continue };
-        let ns = |r: &KeyRef| r.namespace.clone().unwrap_or_else(|| namespace.to_owned());
+        // A reference to another namespace is refused when resolving: it
+        // is not watched either.
+        if foreign_namespace(namespace, from).is_some() {
+            continue;
+        }
+        let ns = |_: &KeyRef| namespace.to_owned();
         if let Some(r) = &from.secret_key_ref {
             out.insert(PropertySource::Secret {
                 namespace: ns(r),
