@@ -3,16 +3,26 @@
 //!
 //! One write path for both places a pod is asked for: the extender (when
 //! no leader answers directly, [`crate::extender`]) and the leading
-//! controller serving the direct path ([`crate::decide`]). A retry after
-//! Rejected or Canceled, another pod of the same name, a changed ask or a
-//! reservation on a node the scheduler no longer offers asks anew: the old
-//! object is deleted (precondition: its UID) and a fresh one created.
+//! controller serving the direct path ([`crate::direct`]). Every ask is
+//! first held to [`crate::bounds::check`]. A retry after Rejected or
+//! Canceled, a changed ask or a reservation on a node the scheduler no
+//! longer offers asks anew: the old object is deleted (precondition: its
+//! UID) and a fresh one created.
+//!
+//! **An ask never deletes or changes another pod's Reservation.** The
+//! pod's uid is what an ask says it is; a Reservation made for another
+//! uid (an older pod of the same name, a StatefulSet's pod recreated) is
+//! deleted only once the API shows that pod gone: no pod of its name, or
+//! one with another uid (a uid is never used again, so a pod once gone
+//! never comes back). While its pod exists the ask is refused
+//! ([`Written::Refused`]): it cannot be that pod's, whatever uid it names.
 //!
 //! The leader also creates a new pod's Reservation already decided
 //! ([`create_decided`]): one write for the ask and its decision.
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
@@ -83,18 +93,50 @@ pub(crate) enum Written {
         target: Target,
         written: Option<Box<Reservation>>,
     },
+    /// Not written, and no write can answer it: the ask is out of bounds
+    /// ([`crate::bounds::check`]), or the Reservation of the pod's name is
+    /// another pod's, and that pod exists. The reason.
+    Refused(String),
+}
+
+/// Whether the pod Reservation `r` was made for still exists: the pod of
+/// its name, in `pods`' namespace, has its uid. Read from the API, not a
+/// picture (a watch that lags could show a pod just created as absent).
+async fn holder_exists(pods: &Api<Pod>, r: &Reservation) -> Result<bool, kube::Error> {
+    let pod = pods.get_opt(&r.spec.pod.name).await?;
+    Ok(pod.is_some_and(|p| p.metadata.uid.as_deref() == Some(r.spec.pod.uid.as_str())))
+}
+
+/// Deletes `rname` if it is still the object `r` (precondition: its uid);
+/// gone already is as good.
+async fn delete(api: &Api<Reservation>, rname: &str, r: &Reservation) -> Result<(), kube::Error> {
+    let dp = DeleteParams {
+        preconditions: r.metadata.uid.clone().map(|u| Preconditions {
+            uid: Some(u),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(rname, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// One attempt at making the pod's Reservation `rname` ask `spec`:
-/// already answered for these candidates, or written (or left as it is)
-/// to be waited for. A 409 means another writer got there first: read
-/// again ([`Current::Unknown`]) and try again.
+/// already answered for these candidates, written (or left as it is) to
+/// be waited for, or refused. A 409 means another writer got there first:
+/// read again ([`Current::Unknown`]) and try again.
 pub(crate) async fn write(
     api: &Api<Reservation>,
     rname: &str,
     spec: &ReservationSpec,
     current: Current,
 ) -> Result<Written, kube::Error> {
+    if let Err(e) = crate::bounds::check(spec) {
+        return Ok(Written::Refused(e.to_string()));
+    }
     let wanted: BTreeSet<&str> = spec.candidates.iter().map(String::as_str).collect();
     let current = match current {
         Current::Unknown => api.get_opt(rname).await?,
@@ -102,53 +144,61 @@ pub(crate) async fn write(
         Current::Seen(r) => Some(*r),
     };
     if let Some(r) = current {
-        let status = r.status.as_ref();
-        let phase = status.map(|s| s.phase.as_str());
-        let stale =
-            r.spec.pod.uid != spec.pod.uid || matches!(phase, Some("Rejected" | "Canceled"));
-        let same_ask = r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
-        let reserved_on = status
-            .filter(|_| phase == Some("Reserved"))
-            .and_then(|s| s.node.as_deref());
-        let here = reserved_on.is_some_and(|n| wanted.contains(n));
-        if here && same_ask && !stale && answered(&r) {
-            return Ok(Written::Answered(Box::new(r)));
-        }
-        // Reserved on a node the scheduler no longer offers (its bind
-        // failed, the node went unschedulable): holding it there only
-        // makes the pod fail every cycle. Released and asked anew among
-        // the nodes it can go to now.
-        let moved = reserved_on.is_some() && !here;
-        if stale || !same_ask || moved {
-            let dp = DeleteParams {
-                preconditions: r.metadata.uid.clone().map(|u| Preconditions {
-                    uid: Some(u),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(rname, &dp).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e),
+        if r.spec.pod.uid != spec.pod.uid {
+            // Another pod's: only its pod's going frees the name.
+            let pods = Api::<Pod>::namespaced(api.clone().into_client(), &spec.pod.namespace);
+            if holder_exists(&pods, &r).await? {
+                tracing::warn!(
+                    reservation = %rname,
+                    holder = %r.spec.pod.uid,
+                    asked_for = %spec.pod.uid,
+                    "refused an ask for the Reservation of another pod, which exists"
+                );
+                return Ok(Written::Refused(format!(
+                    "the Reservation {rname} is pod {}'s (uid {}), which exists; an ask for uid {} cannot replace it",
+                    r.spec.pod.name, r.spec.pod.uid, spec.pod.uid
+                )));
             }
+            tracing::debug!(reservation = %rname, holder = %r.spec.pod.uid, "the Reservation's pod is gone; asking anew");
+            delete(api, rname, &r).await?;
         } else {
-            let asked: BTreeSet<&str> = r.spec.candidates.iter().map(String::as_str).collect();
-            // kube-scheduler orders its nodes anew every cycle: the same
-            // set is the same ask, left as it is.
-            if asked == wanted || reserved_on.is_some() {
+            let status = r.status.as_ref();
+            let phase = status.map(|s| s.phase.as_str());
+            let stale = matches!(phase, Some("Rejected" | "Canceled"));
+            let same_ask =
+                r.spec.slots == spec.slots && r.spec.exclusive_cpus == spec.exclusive_cpus;
+            let reserved_on = status
+                .filter(|_| phase == Some("Reserved"))
+                .and_then(|s| s.node.as_deref());
+            let here = reserved_on.is_some_and(|n| wanted.contains(n));
+            if here && same_ask && !stale && answered(&r) {
+                return Ok(Written::Answered(Box::new(r)));
+            }
+            // Reserved on a node the scheduler no longer offers (its bind
+            // failed, the node went unschedulable): holding it there only
+            // makes the pod fail every cycle. Released and asked anew among
+            // the nodes it can go to now.
+            let moved = reserved_on.is_some() && !here;
+            if stale || !same_ask || moved {
+                delete(api, rname, &r).await?;
+            } else {
+                let asked: BTreeSet<&str> = r.spec.candidates.iter().map(String::as_str).collect();
+                // kube-scheduler orders its nodes anew every cycle: the
+                // same set is the same ask, left as it is.
+                if asked == wanted || reserved_on.is_some() {
+                    return Ok(Written::Wait {
+                        target: Target::of(&r),
+                        written: None,
+                    });
+                }
+                let mut renewed = r;
+                renewed.spec.candidates = spec.candidates.clone();
+                let r = api.replace(rname, &PostParams::default(), &renewed).await?;
                 return Ok(Written::Wait {
                     target: Target::of(&r),
-                    written: None,
+                    written: Some(Box::new(r)),
                 });
             }
-            let mut renewed = r;
-            renewed.spec.candidates = spec.candidates.clone();
-            let r = api.replace(rname, &PostParams::default(), &renewed).await?;
-            return Ok(Written::Wait {
-                target: Target::of(&r),
-                written: Some(Box::new(r)),
-            });
         }
     }
     let mut r = Reservation::new(rname, spec.clone());

@@ -16,11 +16,13 @@
 //!   agents' selected watches follow.
 //! * [`metrics`]: the controller's leadership and the Reservations by
 //!   phase, for Prometheus.
+//! * [`bounds`]: what one ask may be, applied on every way in.
 //! * [`extender`]: `steward extender`, kube-scheduler's Filter and
 //!   Prioritize over HTTP; Filter creates the pod's Reservation and awaits
 //!   the controller's decision within a bound.
 
 mod ask;
+pub mod bounds;
 pub mod decision_loop;
 pub mod deviceclass;
 pub mod direct;

@@ -20,8 +20,9 @@ pub struct PhaseLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AskLabels {
     /// `decided`, `rejected_unwritten` (a new ask the kept ledger rejects,
-    /// answered without a write), `undecided` (not in the caller's time), `refused` (the
-    /// API server refused the Reservation), `failed` (the API server
+    /// answered without a write), `undecided` (not in the caller's time), `refused` (out
+    /// of bounds, another existing pod's Reservation, or the API server
+    /// refused the Reservation), `failed` (the API server
     /// failed), `not_leading`, `busy` (the queue was full or the loop
     /// stopped), `bad_request`.
     pub outcome: &'static str,

@@ -1055,3 +1055,177 @@ async fn a_dead_leaders_filters_go_through_the_api_until_the_standby_leads() {
     slots.dedup();
     assert_eq!((n, slots.len()), (2, 2), "{rs:?}");
 }
+
+/// The attack: an ask naming an existing pod with a wrong uid — through
+/// Filter (the extender asking the leader, or on the API path), and
+/// straight to the leader's `/v1/decide` — trying to take the pod's
+/// Reservation and move it to other nodes. It is refused on every node,
+/// and the pod's Reservation is the same object, unchanged, still holding
+/// its node; the pod itself is still answered from it.
+#[tokio::test]
+async fn an_ask_with_another_pods_name_and_a_wrong_uid_changes_nothing() {
+    for (path, s) in [("direct", stand(2).await), ("api", stand_api_path(2).await)] {
+        let victim = pending_pod(&s.api, "victim", 1).await;
+        let r = filter(s.addr, &victim, &["n1"]).await;
+        assert_eq!(r["NodeNames"], json!(["n1"]), "{path}: {r}");
+        let api = Api::<Reservation>::namespaced(s.api.client(), NS);
+        let before = api.get("victim").await.unwrap();
+        let mut forged = victim.clone();
+        forged.metadata.uid = Some("forged-uid".into());
+        // The same ask, and one moving it to other nodes.
+        for nodes in [&["n1"][..], &["n2", "n3"][..]] {
+            let r = filter(s.addr, &forged, nodes).await;
+            assert_eq!(r["Error"], Value::Null, "{path}: {r}");
+            assert_eq!(r["NodeNames"], json!([]), "{path}: {r}");
+            for n in nodes {
+                let why = r["FailedAndUnresolvableNodes"][n]
+                    .as_str()
+                    .unwrap_or_default();
+                assert!(why.contains("cannot replace"), "{path}: {n}: {r}");
+            }
+        }
+        if path == "direct" {
+            let endpoint = s.extender.leader_endpoint().unwrap();
+            let leader: SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
+            let ask = json!({"spec": {
+                "pod": {"namespace": NS, "name": "victim", "uid": "forged-uid"},
+                "slots": {"cam": 1}, "candidates": ["n2"]}, "timeoutMs": 2000});
+            let (st, body) = http(
+                leader,
+                "POST",
+                "/v1/decide",
+                &serde_json::to_vec(&ask).unwrap(),
+            )
+            .await;
+            let body = String::from_utf8_lossy(&body);
+            assert_eq!(st, 422, "{body}");
+            assert!(body.contains("cannot replace"), "{body}");
+        }
+        let after = api.get("victim").await.unwrap();
+        assert_eq!(after.metadata.uid, before.metadata.uid, "{path}: replaced");
+        assert_eq!(
+            after.metadata.generation, before.metadata.generation,
+            "{path}: its spec changed"
+        );
+        assert_eq!(after.spec, before.spec, "{path}");
+        let st = after.status.unwrap();
+        assert_eq!(
+            (st.phase.as_str(), st.node.as_deref()),
+            ("Reserved", Some("n1")),
+            "{path}"
+        );
+        let r = filter(s.addr, &victim, &["n1", "n2"]).await;
+        assert_eq!(r["NodeNames"], json!(["n1"]), "{path}: {r}");
+    }
+}
+
+/// A pod recreated under the name of one that is gone (a StatefulSet's):
+/// the gone pod's Reservation (here without an owner, so the garbage
+/// collector leaves it) is deleted by the new pod's ask, which is then
+/// decided like any other.
+#[tokio::test]
+async fn a_pod_recreated_under_its_name_replaces_the_gone_pods_reservation() {
+    use steward_api::{PodRef, ReservationSpec};
+    for (path, s) in [("direct", stand(1).await), ("api", stand_api_path(1).await)] {
+        let api = Api::<Reservation>::namespaced(s.api.client(), NS);
+        let old = ReservationSpec {
+            pod: PodRef {
+                namespace: NS.into(),
+                name: "web-0".into(),
+                uid: "the-gone-pod".into(),
+            },
+            slots: BTreeMap::from([("cam".to_owned(), 1)]),
+            exclusive_cpus: 0,
+            candidates: vec!["n1".into()],
+            cancel: None,
+        };
+        let old = api
+            .create(&PostParams::default(), &Reservation::new("web-0", old))
+            .await
+            .unwrap();
+        let pod = pending_pod(&s.api, "web-0", 1).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let placed = loop {
+            let r = filter(s.addr, &pod, &["n1", "n2"]).await;
+            assert_eq!(r["Error"], Value::Null, "{path}: {r}");
+            let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+            if let Some(n) = nodes.first() {
+                break n.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path}: web-0 never placed: {r}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let now = api.get("web-0").await.unwrap();
+        assert_ne!(now.metadata.uid, old.metadata.uid, "{path}");
+        assert_eq!(now.spec.pod.uid, pod.metadata.uid.unwrap(), "{path}");
+        assert_eq!(
+            now.status.and_then(|s| s.node).as_deref(),
+            Some(placed.as_str()),
+            "{path}"
+        );
+    }
+}
+
+/// An ask beyond the bounds, straight to the leader (no extender checked
+/// it): refused with the reason, nothing written and nothing held — the
+/// same bounds the extender's Filter applies.
+#[tokio::test]
+async fn the_leader_refuses_asks_beyond_the_extenders_bounds() {
+    let s = stand(2).await;
+    let _pod = pending_pod(&s.api, "big", 1).await;
+    let endpoint = s.extender.leader_endpoint().unwrap();
+    let leader: SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
+    let many: Vec<String> = (0..6000).map(|i| format!("x{i}")).collect();
+    for (spec, why) in [
+        (
+            json!({"pod": {"namespace": NS, "name": "big", "uid": "u-big"},
+                "slots": {"cam": 2000}, "candidates": ["n1"]}),
+            "2000 slots of cam asked",
+        ),
+        (
+            json!({"pod": {"namespace": NS, "name": "big", "uid": "u-big"},
+                "slots": {"cam": 1}, "exclusiveCpus": 5000, "candidates": ["n1"]}),
+            "5000 exclusive CPUs asked",
+        ),
+        (
+            json!({"pod": {"namespace": NS, "name": "big", "uid": "u-big"},
+                "slots": {"cam": 1}, "candidates": many}),
+            "6000 candidate nodes",
+        ),
+        (
+            json!({"pod": {"namespace": NS, "name": "big", "uid": "u-big"},
+                "slots": {"cam": 1}, "candidates": ["n1"], "cancel": "x"}),
+            "does not cancel",
+        ),
+    ] {
+        let ask = json!({"spec": spec, "timeoutMs": 2000});
+        let (st, body) = http(
+            leader,
+            "POST",
+            "/v1/decide",
+            &serde_json::to_vec(&ask).unwrap(),
+        )
+        .await;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(st, 422, "{why}: {body}");
+        assert!(body.contains(why), "{body}");
+    }
+    assert!(
+        Api::<Reservation>::namespaced(s.api.client(), NS)
+            .get_opt("big")
+            .await
+            .unwrap()
+            .is_none(),
+        "an ask out of bounds was written"
+    );
+    // Both slots are still free: two pods of one slot each are reserved.
+    for p in ["a", "b"] {
+        let pod = pending_pod(&s.api, p, 1).await;
+        let r = filter(s.addr, &pod, &["n1", "n2", "n3"]).await;
+        let nodes: Vec<String> = serde_json::from_value(r["NodeNames"].clone()).unwrap();
+        assert_eq!(nodes.len(), 1, "{p}: {r}");
+    }
+}

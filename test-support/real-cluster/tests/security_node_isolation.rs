@@ -38,6 +38,27 @@ fn pod_of(cluster: &Cluster, component: &str, node: &str) -> (String, String) {
     }
 }
 
+/// A Running pod of `component` on any node, and its ServiceAccount.
+fn any_pod_of(cluster: &Cluster, component: &str) -> (String, String) {
+    let out = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        &cluster.release_namespace,
+        "-l",
+        &format!("app.kubernetes.io/component={component}"),
+        "--field-selector",
+        "status.phase=Running",
+        "-o",
+        "jsonpath={.items[0].metadata.name} {.items[0].spec.serviceAccountName}",
+    ]);
+    let mut it = out.split_whitespace();
+    match (it.next(), it.next()) {
+        (Some(p), Some(sa)) => (p.to_owned(), sa.to_owned()),
+        _ => panic!("no Running {component} pod: {out:?}"),
+    }
+}
+
 /// A client with a token of `sa`, bound to `pod` when given (the token a
 /// pod's kubelet hands it: the API server adds the pod's node to the user
 /// info), or bound to nothing.
@@ -106,7 +127,7 @@ impl Attacks {
 
     fn verdict(self) {
         eprintln!(
-            "{} attacks by another node's token, {} allowed",
+            "{} attacks, {} allowed",
             self.tried.len(),
             self.allowed.len()
         );
@@ -459,5 +480,68 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
             .is_some_and(|l| l.contains_key("steward.dev/test-isolation")),
         "Node B was labelled"
     );
+    attacks.verdict();
+}
+
+/// Proves: a Reservation's decision is written by the controller's identity
+/// only, in every version. With the extender's token (which may create and
+/// update Reservations), a v1alpha2 Reservation created already `Reserved`
+/// and a status added to an undecided one through v1alpha2 (which has no
+/// status subresource) are both refused by the real API server, while the
+/// extender's own write (a Reservation without a status) passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_controller_decides_a_reservation() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("sec-decide").await;
+    let a = cluster.nodes[0].clone();
+    let (pod, sa) = any_pod_of(&cluster, "extender");
+    let extender = client_as(&cluster, &sa, Some(&pod)).await;
+    let gvk = kube::api::GroupVersionKind::gvk("steward.dev", "v1alpha2", "Reservation");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "reservations");
+    let reservations: Api<kube::api::DynamicObject> = Api::namespaced_with(extender, &ns.name, &ar);
+    let pp = PostParams::default();
+    let spec = |name: &str| {
+        json!({
+            "pod": {"namespace": ns.name, "name": name, "uid": format!("uid-{name}")},
+            "candidates": [a],
+            "slots": {},
+            "exclusiveCpus": 1,
+        })
+    };
+    let object = |name: &str, status: Option<serde_json::Value>| {
+        let mut v = json!({
+            "apiVersion": "steward.dev/v1alpha2",
+            "kind": "Reservation",
+            "metadata": {"name": name},
+            "spec": spec(name),
+        });
+        if let Some(s) = status {
+            v["status"] = s;
+        }
+        serde_json::from_value::<kube::api::DynamicObject>(v).unwrap()
+    };
+    let reserved = json!({"phase": "Reserved", "node": a});
+    let mut attacks = Attacks::default();
+
+    attacks
+        .check("create a Reservation already Reserved", || {
+            let o = object("forged-decided", Some(reserved.clone()));
+            let reservations = reservations.clone();
+            let pp = pp.clone();
+            async move { reservations.create(&pp, &o).await }
+        })
+        .await;
+    // The extender's own write: a Reservation without a decision.
+    reservations
+        .create(&pp, &object("asked", None))
+        .await
+        .unwrap_or_else(|e| panic!("the extender creating an undecided Reservation: {e}"));
+    attacks
+        .check("decide a Reservation through v1alpha2", || async {
+            let mut r = reservations.get("asked").await?;
+            r.data["status"] = reserved.clone();
+            reservations.replace("asked", &pp, &r).await
+        })
+        .await;
     attacks.verdict();
 }

@@ -98,6 +98,12 @@ impl Asks {
     /// is persisted. Any other ask is written off the loop
     /// ([`Asks::write`]).
     fn take(&mut self, picture: &mut LedgerPicture, a: Ask) {
+        // The endpoint checked it already; whatever hands the loop an ask,
+        // nothing out of bounds reaches the ledger.
+        if let Err(e) = crate::bounds::check(&a.spec) {
+            let _ = a.reply.send(Outcome::Refused(e.to_string()));
+            return;
+        }
         let ns = a.spec.pod.namespace.clone();
         let rname = reservation_name(&ns, &a.spec.pod.name);
         if picture.proposed(&ns, &rname) {
@@ -174,6 +180,9 @@ impl Asks {
             Ok(Written::Answered(r)) => {
                 let _ = a.reply.send(Outcome::Decided(r));
             }
+            Ok(Written::Refused(why)) => {
+                let _ = a.reply.send(Outcome::Refused(why));
+            }
             Ok(Written::Wait { target, written }) => {
                 self.pending.wait(uid.clone(), target, a.reply);
                 let applied = written.is_some_and(|w| picture.written_ask(*w, relists, now()));
@@ -193,7 +202,9 @@ impl Asks {
                 }
             }
             Err(kube::Error::Api(e)) if e.code == 422 => {
-                let _ = a.reply.send(Outcome::Refused(e.message));
+                let _ = a
+                    .reply
+                    .send(Outcome::Refused(crate::extender::api_refused(&e.message)));
             }
             Err(e) => {
                 let _ = a.reply.send(Outcome::Failed(format!(

@@ -30,7 +30,8 @@ pub enum Answer {
     Decided(Box<Reservation>),
     /// The ask is written, the decision did not come in time.
     Undecided,
-    /// The API server refused the Reservation as written.
+    /// The ask is refused (the reason in full): out of bounds, another
+    /// existing pod's Reservation, or the API server's validation.
     Refused(String),
 }
 

@@ -20,7 +20,10 @@ pub enum Outcome {
     /// Rejected by the kept ledger without a write: the Reservation as it
     /// would read (no object exists).
     Rejected(Box<Reservation>),
-    /// The API server refused the Reservation as written (422).
+    /// Refused, with the reason in full: out of bounds
+    /// ([`crate::bounds::check`]), the Reservation of the pod's name is
+    /// another existing pod's, or the API server refused the Reservation
+    /// as written (422).
     Refused(String),
     /// Reading or writing the Reservation failed.
     Failed(String),

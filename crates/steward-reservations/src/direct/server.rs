@@ -99,6 +99,14 @@ async fn ask(
             );
         }
     };
+    // The bounds every way in applies: nothing out of them is queued,
+    // decided or written.
+    if let Err(e) = crate::bounds::check(&ask.spec) {
+        return (
+            "refused",
+            text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+        );
+    }
     // A closed channel: the election is gone with its process.
     let leads = *handle.leading.borrow() && handle.leading.has_changed().is_ok();
     if !leads {
@@ -202,6 +210,69 @@ mod tests {
             timeout_ms,
         })
         .unwrap()
+    }
+
+    /// Asks beyond what a Reservation holds, sent straight to the leader
+    /// (no extender checked them): refused with the reason before the
+    /// decision loop sees them, leading or not.
+    #[tokio::test]
+    async fn asks_out_of_bounds_are_refused_before_the_loop() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (asks, mut asked) = mpsc::channel(8);
+        let (_lead, leading) = watch::channel(true);
+        let metrics = ControllerMetrics::default();
+        let handle = DecideHandle {
+            asks,
+            leading,
+            metrics: metrics.clone(),
+        };
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        tokio::spawn(serve(listener, handle, stop));
+        let valid: DecideRequest = serde_json::from_str(&ask(50)).unwrap();
+        let mut huge = valid.clone();
+        huge.spec.slots = BTreeMap::from([("cam".to_owned(), u32::MAX)]);
+        let mut cpus = valid.clone();
+        cpus.spec.exclusive_cpus = 1_000_000;
+        let mut many = valid.clone();
+        many.spec.candidates = (0..10_000).map(|i| format!("n{i}")).collect();
+        let mut none = valid.clone();
+        none.spec.candidates.clear();
+        let mut cancel = valid.clone();
+        cancel.spec.cancel = Some("forged".into());
+        let mut zero = valid.clone();
+        zero.spec.slots = BTreeMap::from([("cam".to_owned(), 0)]);
+        for (bad, why) in [
+            (huge, "slots of cam asked"),
+            (cpus, "exclusive CPUs asked"),
+            (many, "candidate nodes"),
+            (none, "no candidate nodes"),
+            (cancel, "does not cancel"),
+            (zero, "0 slots of cam"),
+        ] {
+            let (st, body) = call(
+                addr,
+                "POST",
+                DECIDE_PATH,
+                serde_json::to_string(&bad).unwrap(),
+            )
+            .await;
+            assert_eq!(st, 422, "{why}: {body}");
+            assert!(body.contains(why), "{why}: {body}");
+        }
+        assert!(asked.try_recv().is_err(), "an ask out of bounds was queued");
+        let refused = metrics
+            .direct_asks
+            .get_or_create(&crate::metrics::AskLabels { outcome: "refused" })
+            .get();
+        assert_eq!(refused, 6);
+        // Within bounds, the same ask is queued.
+        let caller = tokio::spawn(call(addr, "POST", DECIDE_PATH, ask(50)));
+        let queued = asked.recv().await.unwrap();
+        assert_eq!(queued.spec, valid.spec);
+        assert_eq!(caller.await.unwrap().0, 202);
+        drop(queued);
     }
 
     #[tokio::test]

@@ -9,7 +9,10 @@
 //!   a later Filter finds the decision);
 //! * `421`: this replica does not lead (ask the Lease again);
 //! * `503`: leading, but not able to decide now (starting, stepping down);
-//! * `422`: the API server refused the Reservation as written;
+//! * `422`: the ask is refused, the body saying why: out of bounds
+//!   ([`crate::bounds::check`], before anything is decided or written),
+//!   the Reservation of the pod's name is another existing pod's, or the
+//!   API server refused the Reservation as written;
 //! * `502`: the API server failed; `400`: not a `DecideRequest`.
 
 use serde::{Deserialize, Serialize};

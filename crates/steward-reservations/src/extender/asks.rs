@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use steward_core::quantity::{QuantityError, parse_count};
 use steward_core::reservation::EXCLUSIVE_CPUS_RESOURCE;
 
-use super::{MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE, RESOURCE_PREFIX};
+use super::RESOURCE_PREFIX;
 
 /// What a pod asks steward for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,22 +26,12 @@ impl PodAsks {
     }
 
     /// Why no Reservation can hold this ask (no node can take the pod,
-    /// whatever is preempted), if so.
+    /// whatever is preempted), if so: [`crate::bounds::check_amounts`],
+    /// the bounds every way in applies.
     pub fn beyond_bounds(&self) -> Option<String> {
-        if self.cpus > MAX_EXCLUSIVE_CPUS {
-            return Some(format!(
-                "{} exclusive CPUs asked; a reservation holds at most {MAX_EXCLUSIVE_CPUS}",
-                self.cpus
-            ));
-        }
-        self.slots
-            .iter()
-            .find(|(_, n)| **n > MAX_SLOTS_PER_INSTANCE)
-            .map(|(instance, n)| {
-                format!(
-                    "{n} slots of {instance} asked; a reservation holds at most {MAX_SLOTS_PER_INSTANCE} of one Instance"
-                )
-            })
+        crate::bounds::check_amounts(&self.slots, self.cpus)
+            .err()
+            .map(|e| e.to_string())
     }
 }
 

@@ -107,12 +107,7 @@ pub struct Extender {
     leader: Option<Arc<Leader>>,
 }
 
-/// The most slots of one Instance a Reservation holds (the CRD's bound).
-pub const MAX_SLOTS_PER_INSTANCE: u32 = 1024;
-/// The most exclusive CPUs a Reservation holds (the CRD's bound).
-pub const MAX_EXCLUSIVE_CPUS: u32 = 1024;
-/// The most candidate nodes a Reservation names (the CRD's bound).
-pub const MAX_CANDIDATES: usize = 5000;
+pub use crate::bounds::{MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE};
 /// How often Filter writes the pod's Reservation again after losing a
 /// write race (409) before answering an error.
 const WRITE_ATTEMPTS: usize = 8;
@@ -127,9 +122,11 @@ pub enum FilterError {
     Incomplete(&'static str),
     #[error("reading or writing the pod's Reservation failed")]
     Api(#[from] kube::Error),
-    /// The API server refused the Reservation as written (validation):
-    /// no retry changes that.
-    #[error("the API server refused the pod's Reservation: {0}")]
+    /// The ask is refused, the reason said in full: the API server
+    /// refused the Reservation as written (validation), the ask is out of
+    /// bounds, or the Reservation of the pod's name is another existing
+    /// pod's. No retry changes that.
+    #[error("{0}")]
     Refused(String),
 }
 
@@ -218,7 +215,6 @@ impl Extender {
                 passing(args, &[], failed, BTreeMap::new())
             }
             Err(FilterError::Refused(why)) => {
-                let why = format!("the API server refused the pod's Reservation: {why}");
                 return passing(args, &[], BTreeMap::new(), every(&why));
             }
             Err(e) => {
@@ -348,13 +344,14 @@ impl Extender {
             match ask::write(&api, &rname, &spec, current).await {
                 Ok(Written::Answered(r)) => return Ok(Some(*r)),
                 Ok(Written::Wait { target, .. }) => break target,
+                Ok(Written::Refused(why)) => return Err(FilterError::Refused(why)),
                 // Lost a write race (the controller's status, another
                 // scheduler): read again and decide again.
                 Err(kube::Error::Api(e)) if e.code == 409 && attempt < WRITE_ATTEMPTS => {
                     tracing::debug!(reservation = %rname, attempt, "Reservation changed meanwhile; writing again");
                 }
                 Err(kube::Error::Api(e)) if e.code == 422 => {
-                    return Err(FilterError::Refused(e.message));
+                    return Err(FilterError::Refused(api_refused(&e.message)));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -389,6 +386,11 @@ impl Extender {
             }
         }
     }
+}
+
+/// The reason for a Reservation the API server refused (422).
+pub(crate) fn api_refused(message: &str) -> String {
+    format!("the API server refused the pod's Reservation: {message}")
 }
 
 fn source_text(e: &FilterError) -> String {
