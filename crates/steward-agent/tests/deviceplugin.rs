@@ -9,7 +9,9 @@ mod dp;
 use std::time::Duration;
 
 use dp::*;
-use steward_agent::deviceplugin::{SLOTS_ANNOTATION, cdi_spec_path, socket_name};
+use steward_agent::deviceplugin::{
+    SLOTS_ANNOTATION, cdi_qualified_name, cdi_spec_path, socket_name,
+};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
@@ -60,7 +62,16 @@ async fn full_cycle_two_nodes_share_one_slot() {
     );
     assert_eq!(answer.annotations.get(SLOTS_ANNOTATION), Some(&slot));
     assert_eq!(answer.cdi_devices.len(), 1);
-    assert_eq!(answer.cdi_devices[0].name, inst.spec.cdi_name);
+    // Named by the Instance's namespace too: a Configuration of the same
+    // name in another namespace has other devices.
+    assert_eq!(
+        answer.cdi_devices[0].name,
+        cdi_qualified_name(NS, &inst.spec.configuration_name, &name)
+    );
+    assert_eq!(
+        answer.cdi_devices[0].name,
+        format!("steward.dev/cams={NS}_{name}")
+    );
     let claim = eventually("claim bound to user-a", WAIT, || async {
         claim_of(&server, &slot)
             .await
@@ -71,10 +82,10 @@ async fn full_cycle_two_nodes_share_one_slot() {
 
     // CDI spec: one device per Instance, with its environment.
     let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(cdi_spec_path(&a.cdi, "cams")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(cdi_spec_path(&a.cdi, NS, "cams")).unwrap()).unwrap();
     assert_eq!(spec["cdiVersion"], "0.6.0");
     assert_eq!(spec["kind"], "steward.dev/cams");
-    assert_eq!(spec["devices"][0]["name"], name.as_str());
+    assert_eq!(spec["devices"][0]["name"], format!("{NS}_{name}"));
     let env: Vec<String> =
         serde_json::from_value(spec["devices"][0]["containerEdits"]["env"].clone()).unwrap();
     assert!(

@@ -189,7 +189,7 @@ async fn prepare_and_unprepare_share_the_slot_ledger_with_the_device_plugins() {
     assert_eq!(ok.devices[0].request_names, ["cam"]);
     assert_eq!(
         ok.devices[0].cdi_device_ids,
-        [format!("steward.dev/cams={instance}")]
+        [format!("steward.dev/cams={NS}_{instance}")]
     );
     for (uid, says) in [
         (&elsewhere, "not a device of node node-a"),

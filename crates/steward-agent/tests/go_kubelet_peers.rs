@@ -271,7 +271,7 @@ async fn device_plugin_and_pod_resources_wires_as_kubelet_dials_them() {
     assert!(ids.contains(&slot));
     assert_eq!(
         strings(&allocated["cdi_devices"]),
-        [format!("steward.dev/cams={instance}")],
+        [format!("steward.dev/cams={NS}_{instance}")],
         "{allocated}"
     );
     let prestarted = kubelet.next("prestarted").await;
@@ -442,7 +442,7 @@ async fn dra_registration_prepare_and_unprepare_as_kubelet_dials_them() {
     assert_eq!(strings(&devices[0]["requests"]), ["cam"]);
     assert_eq!(
         strings(&devices[0]["cdi"]),
-        [format!("steward.dev/cams={instance}")]
+        [format!("steward.dev/cams={NS}_{instance}")]
     );
     let held = claim_of(&server, &result.device)
         .await

@@ -56,8 +56,8 @@ pub use config::ClusterConfig;
 pub use config::{AUTHORITY_FIX_DEFAULT, FileConfig, ManagerConfig, ProxyConfig};
 pub use error::ResmgrError;
 pub use manager::{
-    ControlReport, Event, POLICY_DECISION_FAILED, PipelineGuard, ResourceManager, ResyncReport,
-    VerifyReport,
+    ANNOTATION_ABOVE_SPEC_REASON, ControlReport, Event, POLICY_DECISION_FAILED, PipelineGuard,
+    ResourceManager, ResyncReport, VerifyReport,
 };
 pub use metrics::Metrics;
 

@@ -6,11 +6,19 @@
 //!   minimum 2), inverted with rounding up, which recovers whole millicores.
 //! - CPU limit: `cpu_quota * 1000 / cpu_period` when a quota is set.
 //! - Memory limit: `memory_limit_in_bytes` when non-zero.
-//! - Memory request: NOT carried. Taken from the resources annotation when
-//!   present, else equal to the limit for Guaranteed containers, else 0.
-//! - QoS class: NOT carried. Taken from the QoS annotation, else from the
-//!   pod's cgroup parent (`.../besteffort/...`, `.../burstable/...`, other
-//!   `kubepods` parents are Guaranteed), else guessed from the resources.
+//! - Memory request: NOT carried, except as `memory.min` where the kubelet
+//!   writes it (Memory QoS). Else equal to the limit for Guaranteed
+//!   containers, else 0.
+//! - QoS class: NOT carried. Taken from the pod's cgroup parent
+//!   (`.../besteffort/...`, `.../burstable/...`, other `kubepods` parents
+//!   are Guaranteed), else guessed from the resources.
+//!
+//! The pod spec so recovered is the truth. The resource-manager annotations
+//! (`qos.resmgr.steward.dev/class`, `resources.resmgr.steward.dev/...`) may
+//! only narrow it — a lower class, smaller requests, lower limits — never
+//! raise it: a BestEffort pod annotated Guaranteed with 8 CPUs stays
+//! BestEffort with none, since neither the scheduler nor ResourceQuota saw
+//! those CPUs. See [`derive`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -353,12 +361,107 @@ pub struct PodFacts<'a> {
     pub annotations: &'a BTreeMap<String, String>,
 }
 
-/// Build the policy request for one container.
+/// What an annotation asked beyond the pod spec, and was not given: the
+/// pod spec (as the runtime carries it) is the truth, and an annotation
+/// may only narrow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overreach {
+    /// The annotation.
+    pub key: String,
+    /// What it asked and what the pod spec gives instead.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Overreach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "annotation {} {}", self.key, self.reason)
+    }
+}
+
+/// A container's request and what its pod's annotations asked beyond the
+/// pod spec (ignored: the spec's value is in the request).
+#[derive(Debug, Clone)]
+pub struct Derived {
+    /// The request the policy sees.
+    pub request: ContainerRequest,
+    /// Each annotation value that asked more than the pod spec.
+    pub overreach: Vec<Overreach>,
+}
+
+/// How much a QoS class is given: Guaranteed above Burstable above
+/// BestEffort.
+fn qos_rank(q: Qos) -> u8 {
+    match q {
+        Qos::BestEffort => 0,
+        Qos::Burstable => 1,
+        Qos::Guaranteed => 2,
+    }
+}
+
+/// `asked` if it is no more than what the pod spec gives (`spec`, `None`:
+/// unlimited), else the spec's value and why.
+fn narrow_limit(
+    asked: Option<u64>,
+    spec: Option<u64>,
+    what: &str,
+    unit: &str,
+) -> (Option<u64>, Option<String>) {
+    match (asked, spec) {
+        (Some(a), Some(s)) if a > s => (
+            Some(s),
+            Some(format!(
+                "asks a {what} limit of {a}{unit}, above the {s}{unit} of the pod spec; the pod spec's is used"
+            )),
+        ),
+        (Some(a), _) => (Some(a), None),
+        (None, s) => (s, None),
+    }
+}
+
+/// Build the policy request for one container, logging what its pod's
+/// annotations asked beyond the pod spec (see [`derive`]).
 pub fn derive_request(
     pod: &PodFacts<'_>,
     container: &str,
     res: &cri::LinuxContainerResources,
 ) -> Result<ContainerRequest, ResmgrError> {
+    let d = derive(pod, container, res)?;
+    log_overreach(pod, container, &d.overreach);
+    Ok(d.request)
+}
+
+/// Logs each annotation value that asked beyond the pod spec.
+pub fn log_overreach(pod: &PodFacts<'_>, container: &str, overreach: &[Overreach]) {
+    for o in overreach {
+        tracing::warn!(
+            namespace = pod.namespace,
+            pod = pod.name,
+            container,
+            annotation = %o.key,
+            "{ANNOTATION_ABOVE_SPEC}: {o}"
+        );
+    }
+}
+
+/// The warning logged (and the Event reason's message prefix) when an
+/// annotation asks more than the pod spec.
+pub const ANNOTATION_ABOVE_SPEC: &str =
+    "a resource-manager annotation asks more than the pod spec; ignored";
+
+/// Build the policy request for one container.
+///
+/// The pod spec is the truth: the QoS class and the requests and limits
+/// come from what the runtime carries (the container's Linux resources and
+/// the sandbox's cgroup parent, see the module docs). The annotations may
+/// only narrow them — a lower QoS class, a smaller CPU or memory request,
+/// a lower limit — never raise them: what the scheduler and ResourceQuota
+/// never saw is never given. An annotation value asking more is ignored
+/// (the spec's value is kept) and reported in [`Derived::overreach`].
+pub fn derive(
+    pod: &PodFacts<'_>,
+    container: &str,
+    res: &cri::LinuxContainerResources,
+) -> Result<Derived, ResmgrError> {
     let key_ann = format!("{RESOURCES_PREFIX}{container}");
     let ann = pod
         .annotations
@@ -384,34 +487,88 @@ pub fn derive_request(
         },
         pod.cgroup_parent,
     );
-    let annotated = ann.0.is_some() || ann.1.is_some() || ann.2.is_some() || ann.3.is_some();
-    let cpu_request_milli = ann.0.unwrap_or(base.cpu_request_milli);
-    let cpu_limit_milli = ann.1.or(base.cpu_limit_milli);
-    let memory_limit_bytes = ann.3.or(base.memory_limit_bytes);
+    let mut overreach = Vec::new();
+    let mut over = |key: &str, reason: String| {
+        overreach.push(Overreach {
+            key: key.to_owned(),
+            reason,
+        });
+    };
+
+    // QoS: the annotation may lower the class (e.g. opt a Guaranteed
+    // container out of exclusive CPUs), never raise it.
     let hinted = pod
         .annotations
         .get(QOS_ANNOTATION)
         .and_then(|v| parse_qos(v));
     let qos = match hinted {
-        Some(q) => q,
-        // With a resources annotation and no cgroup-parent verdict, the
-        // class follows from the annotated values.
-        None if annotated
-            && steward_core::cpu::qos_from_cgroup_parent(pod.cgroup_parent).is_none() =>
-        {
-            steward_core::cpu::qos_of(&[steward_core::cpu::ContainerResources {
-                cpu_request_milli: Some(cpu_request_milli),
-                cpu_limit_milli,
-                memory_request_bytes: ann.2,
-                memory_limit_bytes,
-            }])
+        Some(q) if qos_rank(q) > qos_rank(base.qos) => {
+            over(
+                QOS_ANNOTATION,
+                format!(
+                    "asks {q:?}, above the pod's QoS class {:?}; the pod's is used",
+                    base.qos
+                ),
+            );
+            base.qos
         }
+        Some(q) => q,
         None => base.qos,
     };
-    let memory_request_bytes = ann.2.unwrap_or(match qos {
-        Qos::Guaranteed => memory_limit_bytes.unwrap_or(0),
+
+    // CPU request: at most what the runtime was given (cpu.shares).
+    let cpu_request_milli = match ann.0 {
+        Some(r) if r > base.cpu_request_milli => {
+            over(
+                &key_ann,
+                format!(
+                    "asks a cpu request of {r}m, above the {}m of the pod spec; the pod spec's is used",
+                    base.cpu_request_milli
+                ),
+            );
+            base.cpu_request_milli
+        }
+        Some(r) => r,
+        None => base.cpu_request_milli,
+    };
+    // Limits: at most the runtime's (an unlimited one may be limited).
+    let (cpu_limit_milli, why) = narrow_limit(ann.1, base.cpu_limit_milli, "cpu", "m");
+    if let Some(why) = why {
+        over(&key_ann, why);
+    }
+    let (memory_limit_bytes, why) =
+        narrow_limit(ann.3, base.memory_limit_bytes, "memory", " bytes");
+    if let Some(why) = why {
+        over(&key_ann, why);
+    }
+    // Memory request: CRI does not carry it. What the spec gives is known
+    // where the kubelet writes `memory.min` (Memory QoS) and for Guaranteed
+    // containers (the limit); else it is unknown and taken as 0, so an
+    // annotation cannot claim memory the scheduler never counted.
+    let runtime_min = res
+        .unified
+        .get("memory.min")
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let spec_memory_request = runtime_min.unwrap_or(match base.qos {
+        Qos::Guaranteed => base.memory_limit_bytes.unwrap_or(0),
         _ => 0,
     });
+    let memory_ceiling =
+        memory_limit_bytes.map_or(spec_memory_request, |l| l.min(spec_memory_request));
+    let memory_request_bytes = match ann.2 {
+        Some(r) if r > memory_ceiling => {
+            over(
+                &key_ann,
+                format!(
+                    "asks a memory request of {r} bytes, above the {memory_ceiling} bytes the pod spec is known to give; the pod spec's is used"
+                ),
+            );
+            memory_ceiling
+        }
+        Some(r) => r,
+        None if qos == Qos::Guaranteed || runtime_min.is_some() => memory_ceiling,
+        None => 0,
+    };
     if let Some(l) = cpu_limit_milli
         && cpu_request_milli > l
     {
@@ -445,8 +602,12 @@ pub fn derive_request(
         key: "policy annotations".into(),
         reason: e.to_string(),
     })?;
-    Ok(req)
+    Ok(Derived {
+        request: req,
+        overreach,
+    })
 }
+
 /// The block I/O and RDT classes annotated for a container (container
 /// annotation wins over the pod one).
 pub fn classes_for(annotations: &BTreeMap<String, String>, container: &str) -> Classes {

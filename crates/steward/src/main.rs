@@ -115,7 +115,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("steward: {err:#}");
+            // The error may quote what the API server or a node sent.
+            eprintln!("steward: {}", cli::escape::term(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

@@ -194,7 +194,7 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
         .get("main")
         .cloned()
         .unwrap_or_default();
-    assert_eq!(ids, [format!("steward.dev/cams={instance}")]);
+    assert_eq!(ids, [format!("steward.dev/cams={NS}_{instance}")]);
     // steward's pod resources report the claim under the container using
     // it, as kubelet's DynamicResource.
     let lister = PodResourcesListerClient::new(
@@ -352,6 +352,6 @@ async fn a_pod_with_a_claim_runs_in_containerd_with_its_cdi_device_and_frees_it_
     agent.await.unwrap().unwrap();
     // The runtime's spec directory is shared by the tests attached to it.
     if injection == Injection::Runtime {
-        let _ = std::fs::remove_file(cdi_dir.join("steward.dev-cams.json"));
+        let _ = std::fs::remove_file(cdi_dir.join(format!("steward.dev-{NS}_cams.json")));
     }
 }

@@ -1,8 +1,16 @@
 //! Container Device Interface spec files: one JSON file per Configuration
 //! with one device per Instance served by this node (its device nodes,
 //! mounts and environment). Allocate answers name the device as
-//! `steward.dev/<configuration>=<instance>`.
-
+//! `steward.dev/<configuration>=<namespace>_<instance>`.
+//!
+//! A Configuration is named by its namespace and name: two Configurations
+//! of one name in two namespaces have two spec files
+//! (`steward.dev-<namespace>_<configuration>.json`) and distinct device
+//! names, so neither overwrites nor shadows the other's devices. Kubernetes
+//! names never hold `_` (namespaces are DNS labels, Configurations and
+//! Instances DNS subdomains), so `_` separates the two unambiguously, and
+//! the results are valid CDI device names (`[A-Za-z0-9_.:-]`, starting and
+//! ending with a letter or digit) and plain file names.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -15,14 +23,19 @@ use crate::slot_keeper::ServedInstance;
 pub const CDI_VERSION: &str = "0.6.0";
 
 /// Spec annotation naming steward's format of the file: which devices a
-/// spec holds and how they are named (`steward.dev/<configuration>=
-/// <instance>`, one device per Instance, one file per Configuration).
-/// Files without it were written by steward 0.1.0, in format 1.
+/// spec holds and how they are named. Files without it were written by
+/// steward 0.1.0, in format 1.
+///
+/// - format 1: `steward.dev-<configuration>.json`, devices
+///   `steward.dev/<configuration>=<instance>` (one file for every
+///   Configuration of that name, whatever its namespace);
+/// - format 2: `steward.dev-<namespace>_<configuration>.json`, devices
+///   `steward.dev/<configuration>=<namespace>_<instance>`.
 pub const FORMAT_ANNOTATION: &str = "steward.dev/format";
 /// The format written. Bump it when the file name, the kind or the device
 /// names change, add a fixture written by the release before
 /// (tests/fixtures/cdi) and make the writer replace what the old one left.
-pub const FORMAT: &str = "1";
+pub const FORMAT: &str = "2";
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -88,13 +101,128 @@ pub fn kind(configuration: &str) -> String {
     format!("{}/{configuration}", steward_api::GROUP)
 }
 
-/// Spec file of a Configuration inside `dir`.
-pub fn spec_path(dir: &Path, configuration: &str) -> PathBuf {
+/// An object's namespace; none is Kubernetes' `default` (a name must not
+/// start with the `_` separator).
+fn namespace_or_default(namespace: &str) -> &str {
+    if namespace.is_empty() {
+        "default"
+    } else {
+        namespace
+    }
+}
+
+/// The CDI device name of Instance `instance` in `namespace` (unqualified):
+/// `<namespace>_<instance>`.
+pub fn device_name(namespace: &str, instance: &str) -> String {
+    format!("{}_{instance}", namespace_or_default(namespace))
+}
+
+/// The fully qualified CDI name of Instance `instance` of Configuration
+/// `configuration` in `namespace`, as Allocate and NodePrepareResources
+/// name it: `steward.dev/<configuration>=<namespace>_<instance>`.
+pub fn qualified_name(namespace: &str, configuration: &str, instance: &str) -> String {
+    format!(
+        "{}={}",
+        kind(configuration),
+        device_name(namespace, instance)
+    )
+}
+
+/// Spec file of Configuration `configuration` of `namespace` inside `dir`:
+/// `steward.dev-<namespace>_<configuration>.json`.
+pub fn spec_path(dir: &Path, namespace: &str, configuration: &str) -> PathBuf {
+    dir.join(format!(
+        "{}-{}_{configuration}.json",
+        steward_api::GROUP,
+        namespace_or_default(namespace)
+    ))
+}
+
+/// Where format 1 (steward 0.1.0) wrote the spec of every Configuration
+/// named `configuration`, whatever its namespace.
+fn legacy_spec_path(dir: &Path, configuration: &str) -> PathBuf {
     dir.join(format!("{}-{configuration}.json", steward_api::GROUP))
 }
 
-/// The spec of `configuration` for `instances` (all of that Configuration).
+/// Whether `file_name` is a spec file of format 1: `steward.dev-<name>.json`
+/// where `<name>` is a Configuration name (no `_`, which every newer name
+/// holds).
+fn is_legacy_name(file_name: &str) -> bool {
+    file_name
+        .strip_prefix(steward_api::GROUP)
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|r| r.strip_suffix(".json"))
+        .is_some_and(|name| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        })
+}
+
+/// Whether the file at `path` is a spec steward wrote in format 1: its kind
+/// is steward's and its format annotation is absent (0.1.0) or `1`.
+fn is_legacy_spec(path: &Path) -> bool {
+    let Ok(text) = std::fs::read(path) else {
+        return false;
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return false;
+    };
+    let ours = doc["kind"]
+        .as_str()
+        .is_some_and(|k| k.starts_with(&format!("{}/", steward_api::GROUP)));
+    let format = &doc["annotations"][FORMAT_ANNOTATION];
+    ours && (format.is_null() || format.as_str() == Some("1"))
+}
+
+/// Removes the spec files format 1 left in `dir` (named after the
+/// Configuration alone; see [`FORMAT_ANNOTATION`]): their device names are
+/// no longer handed out, and a Configuration of that name in another
+/// namespace could have overwritten them. Returns the files removed. Run
+/// when the agent starts; [`write`] also removes the one of the
+/// Configuration it writes.
+pub fn remove_legacy(dir: &Path) -> Result<Vec<PathBuf>, CdiError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(CdiError::Io {
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let legacy = entry.file_name().to_str().is_some_and(is_legacy_name)
+            && entry.file_type().is_ok_and(|t| t.is_file())
+            && is_legacy_spec(&path);
+        if legacy {
+            remove(&path)?;
+            removed.push(path);
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Removes `path`; gone already is fine.
+fn remove(path: &Path) -> Result<(), CdiError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CdiError::Io {
+            path: path.to_owned(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The spec of Configuration `configuration` of `namespace` for
+/// `instances` (all of that Configuration).
 pub fn spec(
+    namespace: &str,
     configuration: &str,
     instances: &[&ServedInstance],
     broker: &BTreeMap<String, String>,
@@ -102,7 +230,7 @@ pub fn spec(
     let mut devices: Vec<CdiDevice> = instances
         .iter()
         .map(|i| CdiDevice {
-            name: i.name.clone(),
+            name: device_name(namespace, &i.name),
             container_edits: ContainerEdits {
                 env: i
                     .env(broker)
@@ -145,26 +273,29 @@ pub fn spec(
 
 /// Writes durably (temp file, fsync, rename, fsync of the directory: a
 /// runtime reading the directory sees the old spec or the new one, never a
-/// torn one) or, with no instances, removes the spec file of `configuration`.
+/// torn one) or, with no instances, removes the spec file of Configuration
+/// `configuration` of `namespace`. The file format 1 wrote for that
+/// Configuration name, if still there, is removed too.
 pub fn write(
     dir: &Path,
+    namespace: &str,
     configuration: &str,
     instances: &[&ServedInstance],
     broker: &BTreeMap<String, String>,
 ) -> Result<(), CdiError> {
-    let path = spec_path(dir, configuration);
-    let io = |source| CdiError::Io {
+    let path = spec_path(dir, namespace, configuration);
+    let legacy = legacy_spec_path(dir, configuration);
+    if is_legacy_spec(&legacy) {
+        remove(&legacy)?;
+    }
+    if instances.is_empty() {
+        return remove(&path);
+    }
+    std::fs::create_dir_all(dir).map_err(|source| CdiError::Io {
         path: path.clone(),
         source,
-    };
-    if instances.is_empty() {
-        return match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
-            _ => Ok(()),
-        };
-    }
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let body = serde_json::to_vec_pretty(&spec(configuration, instances, broker))?;
+    })?;
+    let body = serde_json::to_vec_pretty(&spec(namespace, configuration, instances, broker))?;
     steward_nodeio::durable::write_file(&path, &body)?;
     Ok(())
 }
@@ -174,10 +305,14 @@ mod tests {
     use super::*;
 
     fn instance(name: &str) -> ServedInstance {
+        instance_in("default", "conf", name)
+    }
+
+    fn instance_in(namespace: &str, configuration: &str, name: &str) -> ServedInstance {
         ServedInstance {
-            namespace: "default".into(),
+            namespace: namespace.into(),
             name: name.into(),
-            configuration: "conf".into(),
+            configuration: configuration.into(),
             resource_name: format!("steward.dev/{name}"),
             capacity: 1,
             shared: false,
@@ -186,7 +321,7 @@ mod tests {
             properties: BTreeMap::new(),
             mounts: Vec::new(),
             device_specs: Vec::new(),
-            cdi_name: format!("steward.dev/conf={name}"),
+            cdi_name: qualified_name(namespace, configuration, name),
             numa: Vec::new(),
         }
     }
@@ -200,18 +335,118 @@ mod tests {
         v
     }
 
-    /// The spec 0.1.0 wrote for the same Instances
-    /// (tests/fixtures/cdi/v0.1.0): today's writer keeps its file name,
-    /// kind and every device's name and edits (a container created from
-    /// the old file resolves the same devices), adding only the format.
+    fn read(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cdi/v0.1.0/steward.dev-serial.json")
+    }
+
+    /// A valid CDI device name: letters, digits, `_ . : -`, starting and
+    /// ending with a letter or digit.
+    fn valid_device_name(n: &str) -> bool {
+        let ok = |b: u8| b.is_ascii_alphanumeric() || b"_.:-".contains(&b);
+        let bytes = n.as_bytes();
+        bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.iter().all(|b| ok(*b))
+    }
+
+    /// The attack: a Configuration named like one in another namespace.
+    /// Each has its own spec file and its own device names, and writing
+    /// (or emptying) one leaves the other's file as it was.
     #[test]
-    fn the_spec_0_1_0_wrote_is_rewritten_with_the_same_devices_and_a_format() {
-        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/cdi/v0.1.0/steward.dev-serial.json");
-        let old: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
-        let mut a = instance("serial-0b9e77");
-        a.configuration = "serial".into();
+    fn same_named_configurations_in_two_namespaces_keep_their_own_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = instance_in("team-a", "cams", "cams-0b9e77");
+        a.device_specs = vec![steward_api::InstanceDeviceSpec {
+            container_path: "/dev/video0".into(),
+            host_path: "/dev/video0".into(),
+            permissions: "rw".into(),
+        }];
+        // Same Instance name (same device id), another namespace, other edits.
+        let mut b = instance_in("team-b", "cams", "cams-0b9e77");
+        b.device_specs = vec![steward_api::InstanceDeviceSpec {
+            container_path: "/dev/video0".into(),
+            host_path: "/dev/mem".into(),
+            permissions: "rw".into(),
+        }];
+        write(dir.path(), "team-a", "cams", &[&a], &BTreeMap::new()).unwrap();
+        let a_before = std::fs::read(spec_path(dir.path(), "team-a", "cams")).unwrap();
+        write(dir.path(), "team-b", "cams", &[&b], &BTreeMap::new()).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            vec![
+                "steward.dev-team-a_cams.json".to_string(),
+                "steward.dev-team-b_cams.json".to_string()
+            ]
+        );
+        assert_eq!(
+            std::fs::read(spec_path(dir.path(), "team-a", "cams")).unwrap(),
+            a_before,
+            "team-b's write changed team-a's spec"
+        );
+        let (da, db) = (
+            read(&spec_path(dir.path(), "team-a", "cams")),
+            read(&spec_path(dir.path(), "team-b", "cams")),
+        );
+        assert_eq!(da["devices"][0]["name"], "team-a_cams-0b9e77");
+        assert_eq!(db["devices"][0]["name"], "team-b_cams-0b9e77");
+        assert_eq!(
+            da["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/dev/video0"
+        );
+        // What Allocate names resolves to each namespace's own device.
+        for (i, doc) in [(&a, &da), (&b, &db)] {
+            let qualified = format!(
+                "{}={}",
+                doc["kind"].as_str().unwrap(),
+                doc["devices"][0]["name"].as_str().unwrap()
+            );
+            assert_eq!(i.cdi_name, qualified);
+            assert_ne!(a.cdi_name, b.cdi_name);
+            let device = qualified.split_once('=').unwrap().1;
+            assert!(valid_device_name(device), "{device}");
+        }
+        // team-b's Configuration goes: team-a's spec stays.
+        write(dir.path(), "team-b", "cams", &[], &BTreeMap::new()).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            vec!["steward.dev-team-a_cams.json".to_string()]
+        );
+        assert_eq!(
+            std::fs::read(spec_path(dir.path(), "team-a", "cams")).unwrap(),
+            a_before
+        );
+    }
+
+    #[test]
+    fn names_are_valid_cdi_device_names() {
+        for (ns, inst) in [
+            ("default", "cams-0b9e77"),
+            ("0ns", "a.b-c"),
+            ("kube-system", "serial-77aa01-node-1"),
+            ("", "cams-1"),
+        ] {
+            let n = device_name(ns, inst);
+            assert!(valid_device_name(&n), "{n}");
+            assert_eq!(
+                qualified_name(ns, "cams", inst),
+                format!("steward.dev/cams={n}")
+            );
+        }
+    }
+
+    /// The spec 0.1.0 wrote for the same Instances
+    /// (tests/fixtures/cdi/v0.1.0), named after the Configuration alone, is
+    /// replaced: today's writer writes the namespaced file, with the same
+    /// devices' edits under namespaced names, and removes the old file.
+    #[test]
+    fn the_spec_0_1_0_wrote_is_replaced_by_the_namespaced_one() {
+        let old = read(&fixture());
+        let mut a = instance_in("default", "serial", "serial-0b9e77");
         a.device_specs = vec![steward_api::InstanceDeviceSpec {
             container_path: "/dev/ttyUSB0".into(),
             host_path: "/dev/ttyUSB0".into(),
@@ -223,35 +458,84 @@ mod tests {
             read_only: true,
         }];
         a.properties = BTreeMap::from([("SERIAL_PORT".to_string(), "/dev/ttyUSB0".to_string())]);
-        let b = instance("serial-77aa01");
+        let b = instance_in("default", "serial", "serial-77aa01");
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(&fixture, spec_path(dir.path(), "serial")).unwrap();
-        write(dir.path(), "serial", &[&a, &b], &BTreeMap::new()).unwrap();
-        let mut new: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(spec_path(dir.path(), "serial")).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(new["annotations"][FORMAT_ANNOTATION], FORMAT);
-        new.as_object_mut().unwrap().remove("annotations");
-        assert_eq!(new, old);
+        std::fs::copy(fixture(), dir.path().join("steward.dev-serial.json")).unwrap();
+        write(dir.path(), "default", "serial", &[&a, &b], &BTreeMap::new()).unwrap();
         assert_eq!(
             names(dir.path()),
-            vec!["steward.dev-serial.json".to_string()]
+            vec!["steward.dev-default_serial.json".to_string()]
         );
+        let mut new = read(&spec_path(dir.path(), "default", "serial"));
+        assert_eq!(new["annotations"][FORMAT_ANNOTATION], FORMAT);
+        new.as_object_mut().unwrap().remove("annotations");
+        // The same edits, under the namespaced names.
+        let mut expected = old.clone();
+        for d in expected["devices"].as_array_mut().unwrap() {
+            let name = format!("default_{}", d["name"].as_str().unwrap());
+            d["name"] = name.into();
+        }
+        assert_eq!(new, expected);
+    }
+
+    /// At start the agent removes what format 1 left (any Configuration,
+    /// served or not), and nothing else.
+    #[test]
+    fn remove_legacy_takes_format_1_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::copy(fixture(), d.join("steward.dev-serial.json")).unwrap();
+        // Marked format 1 (the release between).
+        let mut marked = read(&fixture());
+        marked["annotations"] = serde_json::json!({ FORMAT_ANNOTATION: "1" });
+        std::fs::write(d.join("steward.dev-cams.json"), marked.to_string()).unwrap();
+        // Someone else's kind under a name like ours, today's format,
+        // another vendor's file: kept.
+        std::fs::write(
+            d.join("steward.dev-other.json"),
+            r#"{"cdiVersion":"0.6.0","kind":"example.com/other","devices":[]}"#,
+        )
+        .unwrap();
+        let a = instance_in("default", "cams", "cams-1");
+        write(d, "team-a", "cams", &[&a], &BTreeMap::new()).unwrap();
+        std::fs::write(d.join("vendor.com-gpu.json"), "{}").unwrap();
+        assert_eq!(
+            names(d),
+            vec![
+                "steward.dev-other.json".to_string(),
+                "steward.dev-serial.json".to_string(),
+                "steward.dev-team-a_cams.json".to_string(),
+                "vendor.com-gpu.json".to_string()
+            ],
+            "writing team-a/cams removed the format 1 file of cams"
+        );
+        let removed = remove_legacy(d).unwrap();
+        assert_eq!(removed, vec![d.join("steward.dev-serial.json")]);
+        assert_eq!(
+            names(d),
+            vec![
+                "steward.dev-other.json".to_string(),
+                "steward.dev-team-a_cams.json".to_string(),
+                "vendor.com-gpu.json".to_string()
+            ]
+        );
+        assert!(remove_legacy(&d.join("absent")).unwrap().is_empty());
     }
 
     #[test]
     fn the_spec_is_replaced_whole_and_no_temporary_remains() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (instance("a"), instance("b"));
-        write(dir.path(), "conf", &[&a], &BTreeMap::new()).unwrap();
-        write(dir.path(), "conf", &[&a, &b], &BTreeMap::new()).unwrap();
-        let path = spec_path(dir.path(), "conf");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        write(dir.path(), "default", "conf", &[&a], &BTreeMap::new()).unwrap();
+        write(dir.path(), "default", "conf", &[&a, &b], &BTreeMap::new()).unwrap();
+        let path = spec_path(dir.path(), "default", "conf");
+        let doc = read(&path);
         assert_eq!(doc["devices"].as_array().unwrap().len(), 2);
-        assert_eq!(names(dir.path()), vec!["steward.dev-conf.json".to_string()]);
-        write(dir.path(), "conf", &[], &BTreeMap::new()).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            vec!["steward.dev-default_conf.json".to_string()]
+        );
+        write(dir.path(), "default", "conf", &[], &BTreeMap::new()).unwrap();
         assert!(names(dir.path()).is_empty());
     }
 
@@ -260,12 +544,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = instance("a");
         // The spec path is taken by a non-empty directory: the rename fails.
-        let path = spec_path(dir.path(), "conf");
+        let path = spec_path(dir.path(), "default", "conf");
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("old"), b"old").unwrap();
-        let err = write(dir.path(), "conf", &[&a], &BTreeMap::new()).unwrap_err();
+        let err = write(dir.path(), "default", "conf", &[&a], &BTreeMap::new()).unwrap_err();
         assert!(matches!(err, CdiError::Write(_)), "{err}");
-        assert_eq!(names(dir.path()), vec!["steward.dev-conf.json".to_string()]);
+        assert_eq!(
+            names(dir.path()),
+            vec!["steward.dev-default_conf.json".to_string()]
+        );
         assert_eq!(std::fs::read(path.join("old")).unwrap(), b"old");
     }
 }

@@ -48,7 +48,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 pub use self::allocate::{INSTANCE_ANNOTATION, SLOTS_ANNOTATION};
-pub use self::cdi::{CDI_VERSION, kind as cdi_kind, spec_path as cdi_spec_path};
+pub use self::cdi::{
+    CDI_VERSION, kind as cdi_kind, qualified_name as cdi_qualified_name, spec_path as cdi_spec_path,
+};
 pub use self::plugin::{MAX_MESSAGE_BYTES, OPTIONS};
 pub use self::podresources::{KubeletError, PodResourcesClient};
 pub use crate::slot_keeper::{
@@ -292,6 +294,19 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         metrics,
     };
     manager.apply_served(served).await;
+    // Spec files of the format before (named after the Configuration alone,
+    // whatever its namespace) are not rewritten any more: gone, so no
+    // runtime resolves a device from one.
+    if let Some(dir) = &config.cdi_dir {
+        match cdi::remove_legacy(dir) {
+            Ok(removed) => {
+                for path in removed {
+                    tracing::info!(path = %path.display(), "removed a CDI spec of the format before (not namespaced)");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "removing CDI specs of the format before failed"),
+        }
+    }
     readiness.ready("device-plugins");
 
     let mut ticker = tokio::time::interval(config.tick_interval);
@@ -510,8 +525,8 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                 .filter(|i| &i.config_key() == key)
                 .collect();
             let broker = self.broker.get(key).unwrap_or(&empty);
-            if let Err(e) = cdi::write(dir, &key.1, &insts, broker) {
-                tracing::error!(configuration = %key.1, error = %e, "writing CDI spec failed");
+            if let Err(e) = cdi::write(dir, &key.0, &key.1, &insts, broker) {
+                tracing::error!(namespace = %key.0, configuration = %key.1, error = %e, "writing CDI spec failed");
             }
         }
     }

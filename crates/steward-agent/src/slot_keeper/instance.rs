@@ -30,7 +30,10 @@ pub struct ServedInstance {
     pub properties: BTreeMap<String, String>,
     pub mounts: Vec<InstanceMount>,
     pub device_specs: Vec<InstanceDeviceSpec>,
-    /// `steward.dev/<configuration>=<instance>`.
+    /// The CDI device the container is given:
+    /// `steward.dev/<configuration>=<namespace>_<instance>` (derived here,
+    /// not read from the Instance's `cdiName`, so Configurations of one name
+    /// in two namespaces never share a device name).
     pub cdi_name: String,
     /// NUMA nodes of the device, when known.
     pub numa: Vec<i64>,
@@ -53,6 +56,11 @@ impl ServedInstance {
                     .collect()
             })
             .unwrap_or_default();
+        let cdi_name = crate::deviceplugin::cdi_qualified_name(
+            instance.metadata.namespace.as_deref().unwrap_or_default(),
+            &spec.configuration_name,
+            &name,
+        );
         Some(Self {
             namespace: instance.metadata.namespace.clone().unwrap_or_default(),
             name,
@@ -65,7 +73,7 @@ impl ServedInstance {
             properties: spec.properties.clone(),
             mounts: spec.mounts.clone(),
             device_specs: spec.device_specs.clone(),
-            cdi_name: spec.cdi_name.clone(),
+            cdi_name,
             numa,
         })
     }

@@ -14,6 +14,7 @@ mod reconfigure;
 mod refusals;
 mod removed_pods;
 
+pub use placement::ANNOTATION_ABOVE_SPEC_REASON;
 pub use refusals::POLICY_DECISION_FAILED;
 mod resync;
 mod verify;

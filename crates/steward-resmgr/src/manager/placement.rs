@@ -15,7 +15,14 @@ use crate::cache::{
 };
 use crate::control::cri::resources_for;
 use crate::error::ResmgrError;
-use crate::requests::{classes_for, derive_request, validate_own_annotations, validate_resources};
+use crate::requests::{
+    ANNOTATION_ABOVE_SPEC, classes_for, derive, derive_request, log_overreach,
+    validate_own_annotations, validate_resources,
+};
+
+/// Reason of the Warning Event on a Pod whose resource-manager annotation
+/// asked more than its spec (the spec's value was used).
+pub const ANNOTATION_ABOVE_SPEC_REASON: &str = "AnnotationAboveSpec";
 
 /// A container the policy placed, not yet recorded (see
 /// [`ResourceManager::place`]).
@@ -164,7 +171,25 @@ impl ResourceManager {
                     }
                 })?,
             };
-        let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
+        let facts = pod_facts(&pod);
+        let derived = derive(&facts, &name, &kubelet)?;
+        log_overreach(&facts, &name, &derived.overreach);
+        if !derived.overreach.is_empty()
+            && let Some(sink) = self.pod_events.get()
+        {
+            let what: Vec<String> = derived.overreach.iter().map(|o| o.to_string()).collect();
+            sink.emit(
+                steward_kube::pod_ref(&pod.namespace, &pod.name, Some(&pod.uid)),
+                kube::runtime::events::EventType::Warning,
+                ANNOTATION_ABOVE_SPEC_REASON,
+                "CreateContainer",
+                format!(
+                    "container {name:?}: {ANNOTATION_ABOVE_SPEC}: {}",
+                    what.join("; ")
+                ),
+            );
+        }
+        let request = derived.request;
         let classes = classes_for(&pod.annotations, &name);
         if let Some(c) = &classes.blockio
             && !st.blockio.knows(c)

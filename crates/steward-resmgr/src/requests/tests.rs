@@ -13,6 +13,20 @@ fn pod<'a>(annotations: &'a BTreeMap<String, String>, parent: &'static str) -> P
     }
 }
 
+/// How many exclusive CPUs the static policy gives `req` on a 16-CPU node.
+fn exclusive_cpus(req: &ContainerRequest) -> usize {
+    use steward_core::cpu::{PolicyConfig, PolicyKind, SyntheticSpec, Topology, new_policy};
+    let topo = Topology::synthetic(&SyntheticSpec {
+        cores_per_node: 16,
+        ..SyntheticSpec::default()
+    })
+    .unwrap();
+    let mut p = new_policy(PolicyKind::Static, &topo, &PolicyConfig::default()).unwrap();
+    p.allocate(req).unwrap();
+    let a = p.assignments().get(&req.key).unwrap();
+    if a.exclusive { a.cpus.len() } else { 0 }
+}
+
 fn res(shares: i64, quota: i64, period: i64, mem: i64) -> cri::LinuxContainerResources {
     cri::LinuxContainerResources {
         cpu_shares: shares,
@@ -100,22 +114,160 @@ fn qos_from_parent_and_annotation() {
 }
 
 #[test]
-fn resources_annotation_overrides_and_supplies_memory_request() {
+fn resources_annotation_narrows_within_the_spec() {
+    // A Burstable container: 1 CPU request and limit, 64 MiB limit.
     let mut a = BTreeMap::new();
     a.insert(
         format!("{RESOURCES_PREFIX}c"),
         r#"{"requests":{"cpu":"250m","memory":"32Mi"},"limits":{"cpu":"1","memory":"64Mi"}}"#
             .to_owned(),
     );
-    let r = derive_request(&pod(&a, "/x"), "c", &res(2, 0, 0, 0)).unwrap();
+    let spec = res(1024, 100_000, 100_000, 64 << 20);
+    let d = derive(&pod(&a, "/kubepods/burstable/pod1"), "c", &spec).unwrap();
+    // No memory request known from the runtime (no `memory.min`): an
+    // annotated one would be memory the scheduler never counted.
+    let reasons: Vec<&str> = d.overreach.iter().map(|o| o.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            "asks a memory request of 33554432 bytes, above the 0 bytes the pod spec is known \
+             to give; the pod spec's is used"
+        ]
+    );
+    let r = d.request;
     assert_eq!(r.cpu_request_milli, 250);
     assert_eq!(r.cpu_limit_milli, Some(1000));
-    assert_eq!(r.memory_request_bytes, 32 << 20);
+    assert_eq!(r.memory_request_bytes, 0);
     assert_eq!(r.memory_limit_bytes, Some(64 << 20));
     assert_eq!(r.qos, Qos::Burstable);
+    // With the kubelet's `memory.min` (Memory QoS) the request is known,
+    // and the annotation may narrow it.
+    let mut with_min = spec.clone();
+    with_min
+        .unified
+        .insert("memory.min".into(), (48u64 << 20).to_string());
+    let d = derive(&pod(&a, "/kubepods/burstable/pod1"), "c", &with_min).unwrap();
+    assert!(d.overreach.is_empty(), "{:?}", d.overreach);
+    assert_eq!(d.request.memory_request_bytes, 32 << 20);
     // Other containers of the pod do not pick it up.
-    let other = derive_request(&pod(&a, "/x"), "d", &res(2, 0, 0, 0)).unwrap();
-    assert_eq!(other.cpu_request_milli, 0);
+    let other = derive_request(&pod(&a, "/kubepods/burstable/pod1"), "d", &spec).unwrap();
+    assert_eq!(other.cpu_request_milli, 1000);
+}
+
+/// The attack: a BestEffort pod (no requests in its spec, so nothing the
+/// scheduler or ResourceQuota counted) annotates itself Guaranteed with
+/// 8 CPUs. It stays BestEffort with no CPU request, so no policy gives it
+/// an exclusive CPU, and the refusal is reported.
+#[test]
+fn annotations_never_raise_a_best_effort_pod() {
+    let a = BTreeMap::from([
+        (QOS_ANNOTATION.to_owned(), "Guaranteed".to_owned()),
+        (
+            format!("{RESOURCES_PREFIX}c"),
+            r#"{"requests":{"cpu":"8","memory":"1Gi"},"limits":{"cpu":"8","memory":"1Gi"}}"#
+                .to_owned(),
+        ),
+    ]);
+    // BestEffort as the kubelet creates it: 2 shares, no quota, no limit;
+    // with its cgroup parent, and without one (the class then guessed
+    // from the resources alone).
+    for parent in [
+        "/kubepods/besteffort/pod1",
+        "kubepods-besteffort-pod1.slice",
+        "/x",
+    ] {
+        let d = derive(&pod(&a, parent), "c", &res(2, 0, 0, 0)).unwrap();
+        let r = &d.request;
+        assert_eq!(r.qos, Qos::BestEffort, "{parent}");
+        assert_eq!(r.cpu_request_milli, 0, "{parent}");
+        assert_eq!(r.memory_request_bytes, 0, "{parent}");
+        assert_eq!(exclusive_cpus(r), 0, "{parent}: {r:?}");
+        let keys: Vec<&str> = d.overreach.iter().map(|o| o.key.as_str()).collect();
+        assert!(keys.contains(&QOS_ANNOTATION), "{:?}", d.overreach);
+        let text: Vec<String> = d.overreach.iter().map(|o| o.to_string()).collect();
+        let text = text.join("\n");
+        assert!(
+            text.contains("asks Guaranteed, above the pod's QoS class BestEffort"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cpu request of 8000m, above the 0m"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memory request of 1073741824 bytes"),
+            "{text}"
+        );
+    }
+}
+
+/// A Guaranteed pod may still narrow what it is given: fewer exclusive
+/// CPUs than its spec, or none (Burstable).
+#[test]
+fn a_guaranteed_pod_may_narrow() {
+    // Guaranteed, 4 CPUs, 256 MiB.
+    let spec = res(4096, 400_000, 100_000, 256 << 20);
+    let fewer = BTreeMap::from([(
+        format!("{RESOURCES_PREFIX}c"),
+        r#"{"requests":{"cpu":"2","memory":"128Mi"}}"#.to_owned(),
+    )]);
+    let d = derive(&pod(&fewer, "/kubepods/pod1"), "c", &spec).unwrap();
+    assert!(d.overreach.is_empty(), "{:?}", d.overreach);
+    assert_eq!(d.request.qos, Qos::Guaranteed);
+    assert_eq!(d.request.cpu_request_milli, 2000);
+    assert_eq!(d.request.memory_request_bytes, 128 << 20);
+    assert_eq!(exclusive_cpus(&d.request), 2);
+    let out = BTreeMap::from([(QOS_ANNOTATION.to_owned(), "Burstable".to_owned())]);
+    let d = derive(&pod(&out, "/kubepods/pod1"), "c", &spec).unwrap();
+    assert!(d.overreach.is_empty(), "{:?}", d.overreach);
+    assert_eq!(d.request.qos, Qos::Burstable);
+    assert_eq!(exclusive_cpus(&d.request), 0);
+    // Saying what the spec says is no overreach.
+    let same = BTreeMap::from([(QOS_ANNOTATION.to_owned(), "Guaranteed".to_owned())]);
+    let d = derive(&pod(&same, "/kubepods/pod1"), "c", &spec).unwrap();
+    assert!(d.overreach.is_empty(), "{:?}", d.overreach);
+    assert_eq!(d.request.cpu_request_milli, 4000);
+    assert_eq!(exclusive_cpus(&d.request), 4);
+}
+
+/// A request or limit above the spec is clamped to the spec, with the
+/// reason; what stays within it is kept.
+#[test]
+fn annotations_above_the_spec_are_clamped_with_a_reason() {
+    // Burstable: 1 CPU request, 2 CPU limit, 64 MiB limit.
+    let spec = res(1024, 200_000, 100_000, 64 << 20);
+    let a = BTreeMap::from([
+        (QOS_ANNOTATION.to_owned(), "Guaranteed".to_owned()),
+        (
+            format!("{RESOURCES_PREFIX}c"),
+            r#"{"requests":{"cpu":"3"},"limits":{"cpu":"4","memory":"32Mi"}}"#.to_owned(),
+        ),
+    ]);
+    let d = derive(&pod(&a, "/kubepods/burstable/pod1"), "c", &spec).unwrap();
+    let r = &d.request;
+    assert_eq!(r.qos, Qos::Burstable);
+    assert_eq!(r.cpu_request_milli, 1000);
+    assert_eq!(r.cpu_limit_milli, Some(2000));
+    // A lower memory limit is a narrowing: kept.
+    assert_eq!(r.memory_limit_bytes, Some(32 << 20));
+    let reasons: Vec<String> = d.overreach.iter().map(|o| o.to_string()).collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(
+        reasons.iter().any(|t| t
+            == "annotation resources.resmgr.steward.dev/spec.container.c asks a cpu limit of 4000m, \
+                above the 2000m of the pod spec; the pod spec's is used"),
+        "{reasons:?}"
+    );
+    // An unlimited spec may be limited by the annotation.
+    let unlimited = res(1024, 0, 0, 0);
+    let lim = BTreeMap::from([(
+        format!("{RESOURCES_PREFIX}c"),
+        r#"{"limits":{"cpu":"2","memory":"1Gi"}}"#.to_owned(),
+    )]);
+    let d = derive(&pod(&lim, "/kubepods/burstable/pod1"), "c", &unlimited).unwrap();
+    assert!(d.overreach.is_empty(), "{:?}", d.overreach);
+    assert_eq!(d.request.cpu_limit_milli, Some(2000));
+    assert_eq!(d.request.memory_limit_bytes, Some(1 << 30));
 }
 
 #[test]

@@ -268,7 +268,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<()> {
                 serde_json::json!({"action": action(e.action), "uid": e.uid, "pod": pods.first()});
             println!("{obj}");
         } else {
-            println!("{}", event_line(&e));
+            println!("{}", super::escape::term(&event_line(&e)));
         }
         shown += 1;
         if args.count.is_some_and(|n| shown >= n) {

@@ -11,6 +11,7 @@ use kube::Api;
 use steward_api::{Configuration, Instance, InstanceStatus, SlotClaim, slot_id};
 
 use super::cells::{claim_pod, claim_since_ms, claim_state, dash};
+use super::escape::term;
 use super::kube_view::{Cluster, ClusterArgs, ScopeArgs, by_instance, one_line, plural};
 use super::output::table;
 use super::slots::FREE;
@@ -38,9 +39,11 @@ pub enum ConfigInfo {
 /// Width of a `Label:` column, as kubectl's describers line values up.
 const LABEL_WIDTH: usize = 16;
 
+/// `Label:  value`, the value escaped for the terminal ([`term`]).
 fn field(out: &mut String, indent: usize, label: &str, value: &str) {
     let label = format!("{label}:");
     let width = LABEL_WIDTH.saturating_sub(indent).max(label.len() + 1);
+    let value = term(value);
     let _ = writeln!(out, "{:indent$}{label:<width$}{value}", "");
 }
 
@@ -52,12 +55,13 @@ fn map_field(out: &mut String, label: &str, map: &BTreeMap<String, String>, sep:
     }
     let mut first = true;
     for (k, v) in map {
-        let line = format!("{k}{sep}{}", one_line(v));
+        // Escaped before folding: a `\r` or `\n` shows, not a space.
+        let line = format!("{}{sep}{}", term(k), one_line(&term(v)));
         if first {
             field(out, 0, label, &line);
             first = false;
         } else {
-            let _ = writeln!(out, "{:LABEL_WIDTH$}{line}", "");
+            let _ = writeln!(out, "{:LABEL_WIDTH$}{}", "", term(&line));
         }
     }
 }
@@ -70,7 +74,7 @@ fn list_field(out: &mut String, label: &str, items: &[String]) {
     }
     let _ = writeln!(out, "{label}:");
     for i in items {
-        let _ = writeln!(out, "  {i}");
+        let _ = writeln!(out, "  {}", term(i));
     }
 }
 
@@ -216,7 +220,7 @@ pub fn render(
             &format!("{} (cannot read: {why})", spec.configuration_name),
         ),
     }
-    field(&mut out, 0, "Device ID", &one_line(&spec.device_id));
+    field(&mut out, 0, "Device ID", &one_line(&term(&spec.device_id)));
     field(&mut out, 0, "CDI Name", &spec.cdi_name);
     field(&mut out, 0, "Shared", &spec.shared.to_string());
     field(&mut out, 0, "Capacity", &spec.capacity.to_string());
@@ -359,6 +363,61 @@ Claims Beyond Capacity:
   SLOT      STATE     NODE     POD      CONTAINER   SINCE
   cam-a-4   Pending   node-a   <none>   -           2023-11-14T22:13:30Z (90s ago)
 "
+        );
+    }
+
+    /// The attack: a discovery handler (or whoever writes the Instance)
+    /// puts terminal controls in a property, the device id, a mount path,
+    /// a condition message. `describe` prints them as visible escapes: no
+    /// ESC or CR reaches the terminal to clear the screen or overwrite a
+    /// line.
+    #[test]
+    fn controls_from_the_instance_are_printed_escaped() {
+        let mut i = instance("default", "cam-a", 1, &["node-a"]);
+        i.spec
+            .properties
+            .insert("EVIL".into(), "x\x1b[2J\ry".into());
+        i.spec.device_id = "dev\x1b]0;owned\x07".into();
+        i.spec.mounts.push(steward_api::InstanceMount {
+            container_path: "/data\r/ok".into(),
+            host_path: "/srv".into(),
+            read_only: false,
+        });
+        let mut status = steward_api::InstanceStatus::default();
+        status
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: "Bad\u{9b}2J".into(),
+                message: "gone\x1b[2K\rall fine".into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            });
+        i.status = Some(status);
+        let text = render(&i, &ConfigInfo::NotFound, &BTreeMap::new(), CREATED_MS);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("EVIL=x\\u{1b}[2J\\ry"), "{text}");
+        assert!(
+            text.contains("Device ID:      dev\\u{1b}]0;owned\\u{7}"),
+            "{text}"
+        );
+        assert!(text.contains("/srv -> /data\\r/ok"), "{text}");
+        assert!(text.contains("Bad\\u{9b}2J"), "{text}");
+        // A message's lines are folded into one (a `\r` is whitespace
+        // there), its escape sequences shown.
+        assert!(text.contains("gone\\u{1b}[2K all fine"), "{text}");
+        // Each described line is still one line: nothing was injected.
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("Properties:"))
+                .count(),
+            1
         );
     }
 }

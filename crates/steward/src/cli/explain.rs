@@ -4,6 +4,7 @@
 //! (devices, exclusive CPUs and memory per container). `--local` reads only
 //! the socket, for a node without cluster access.
 
+use super::escape::term;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -164,10 +165,15 @@ pub fn explain(pod: &Pod, claims: &[SlotClaim], reservation: Option<&Reservation
 pub fn render(e: &Explanation, now_ms: i64) -> String {
     let mut out = String::new();
     let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "<none>".into());
-    let _ = writeln!(out, "Pod:          {}/{}", e.namespace, e.name);
-    let _ = writeln!(out, "UID:          {}", dash(&e.uid));
-    let _ = writeln!(out, "Node:         {}", dash(&e.node));
-    let _ = writeln!(out, "Phase:        {}", dash(&e.phase));
+    let _ = writeln!(
+        out,
+        "Pod:          {}/{}",
+        term(&e.namespace),
+        term(&e.name)
+    );
+    let _ = writeln!(out, "UID:          {}", term(&dash(&e.uid)));
+    let _ = writeln!(out, "Node:         {}", term(&dash(&e.node)));
+    let _ = writeln!(out, "Phase:        {}", term(&dash(&e.phase)));
     let requests: Vec<String> = e
         .requests
         .iter()
@@ -179,7 +185,7 @@ pub fn render(e: &Explanation, now_ms: i64) -> String {
         if requests.is_empty() {
             "<none>".into()
         } else {
-            requests.join(", ")
+            term(&requests.join(", ")).into_owned()
         }
     );
     if e.slots.is_empty() {
@@ -204,13 +210,14 @@ pub fn render(e: &Explanation, now_ms: i64) -> String {
         }
         let _ = writeln!(out, "Why:");
         for s in &e.slots {
-            let _ = writeln!(out, "  {}: {}", s.slot, s.why);
+            let _ = writeln!(out, "  {}: {}", term(&s.slot), term(&s.why));
         }
     }
     for (instance, (want, held)) in &e.short {
         let _ = writeln!(
             out,
-            "Not held:     steward.dev/{instance}: asks for {want}, holds {held}"
+            "Not held:     steward.dev/{}: asks for {want}, holds {held}",
+            term(instance)
         );
     }
     match &e.reservation {
@@ -232,7 +239,7 @@ pub fn render(e: &Explanation, now_ms: i64) -> String {
             if let Some(why) = &r.reason {
                 let _ = write!(line, ": {why}");
             }
-            let _ = writeln!(out, "Reservation:  {line}");
+            let _ = writeln!(out, "Reservation:  {}", term(&line));
         }
     }
     if let Some(containers) = &e.containers {

@@ -216,7 +216,7 @@ pub fn nothing_found(cluster: &Cluster, scope: &ScopeArgs) {
     } else {
         eprintln!(
             "No resources found in {} namespace.",
-            cluster.namespace(scope)
+            super::escape::term(&cluster.namespace(scope))
         );
     }
 }

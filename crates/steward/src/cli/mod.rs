@@ -12,6 +12,7 @@ mod assignments;
 mod cells;
 mod claims;
 mod describe;
+pub(crate) mod escape;
 mod explain;
 #[cfg(test)]
 mod fixtures;

@@ -1,8 +1,18 @@
 //! Tables as kubectl prints them: upper-case headers, columns padded to the
 //! widest cell, three spaces between columns.
 
-/// Renders `rows` under `headers`.
+use super::escape::term;
+
+/// Renders `rows` under `headers`. Every cell is escaped for the terminal
+/// ([`term`]): cells hold what handlers and the API server sent.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let escaped: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|c| term(c).into_owned()).collect())
+        .collect();
+    let rows = &escaped;
+    let headers: Vec<String> = headers.iter().map(|h| term(h).into_owned()).collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -23,7 +33,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         }
         out.push('\n');
     };
-    line(headers.to_vec(), &mut out);
+    line(headers.clone(), &mut out);
     for row in rows {
         line(row.iter().map(String::as_str).collect(), &mut out);
     }
@@ -61,6 +71,20 @@ mod tests {
             ],
         );
         assert_eq!(t, "NAME     CPUS\na        0-3\nlonger   4\n");
+    }
+
+    /// A cell from a handler or the API server is escaped, and the columns
+    /// still line up (widths count the escaped text).
+    #[test]
+    fn cells_are_escaped_for_the_terminal() {
+        let t = table(
+            &["NAME", "ID"],
+            &[
+                vec!["a\x1b[2J".into(), "x\ry".into()],
+                vec!["b".into(), "z".into()],
+            ],
+        );
+        assert_eq!(t, "NAME         ID\na\\u{1b}[2J   x\\ry\nb            z\n");
     }
 
     #[test]

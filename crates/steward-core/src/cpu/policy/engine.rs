@@ -182,6 +182,11 @@ fn update_members<'p>(
 
 /// Number of exclusive CPUs a container qualifies for under the kubelet
 /// static rules: Guaranteed, integer CPU request, not asking to share.
+///
+/// `req.qos` and `req.cpu_request_milli` are trusted as the pod spec: the
+/// adapter that builds the request must take them from what the runtime
+/// carries (the resource manager's `requests::derive`), where a pod's
+/// annotations can only narrow them, never from an annotation alone.
 pub(crate) fn exclusive_cpus_wanted(req: &ContainerRequest, hints: &Hints) -> usize {
     if req.qos == Qos::Guaranteed
         && req.cpu_request_milli > 0

@@ -232,3 +232,125 @@ async fn a_refused_container_is_counted() {
     assert!(refused.is_err(), "{refused:?}");
     assert_eq!(m.metrics().event_count("container-refused"), 1);
 }
+
+/// The attack on the annotations: a BestEffort pod (nothing in its spec
+/// for the scheduler or ResourceQuota to count) annotates itself
+/// Guaranteed with 2 CPUs. It runs in the shared pool with no exclusive
+/// CPU, and a Warning Event on the Pod says why. A Guaranteed pod's
+/// annotation that narrows (1 of its 2 CPUs) is still followed.
+#[tokio::test]
+async fn an_annotation_grants_nothing_the_pod_spec_does_not_ask() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::Api;
+    use kube::api::ListParams;
+
+    // The stand-in has the namespace "default" already.
+    let api = steward_testing_apiserver::ApiServer::start().await.unwrap();
+    let f = manager().await;
+    let m = &f.manager;
+    let (sink, _task) = steward_kube::EventSink::start(api.client(), "steward-resmgr", "n1");
+    m.emit_events(sink);
+
+    let mut attacker = pod("p1");
+    attacker.cgroup_parent = "/kubepods/besteffort/poduid-p1".into();
+    attacker.annotations.extend([
+        (
+            crate::requests::QOS_ANNOTATION.to_owned(),
+            "Guaranteed".to_owned(),
+        ),
+        (
+            format!("{}c1", crate::requests::RESOURCES_PREFIX),
+            r#"{"requests":{"cpu":"2","memory":"32Mi"},"limits":{"cpu":"2","memory":"32Mi"}}"#
+                .to_owned(),
+        ),
+    ]);
+    let best_effort = cri::LinuxContainerResources {
+        cpu_shares: 2,
+        ..Default::default()
+    };
+    m.pod_created(attacker.clone()).await.unwrap();
+    let (resources, _) = m
+        .container_creating(attacker, "c1", "c1".into(), best_effort)
+        .await
+        .unwrap();
+    let key = steward_core::cpu::ContainerKey {
+        pod_uid: "uid-p1".into(),
+        container: "c1".into(),
+    };
+    let exclusive_of = |a: Option<&steward_core::cpu::Assignment>| {
+        a.filter(|a| a.exclusive).map_or(0, |a| a.cpus.len())
+    };
+    {
+        let st = m.state.lock().await;
+        let a = st.policy.assignments().get(&key).cloned();
+        assert_eq!(exclusive_of(a.as_ref()), 0, "{a:?}");
+        let a = a.unwrap();
+        assert_eq!(a.cpus.len(), 4, "the whole shared pool: {a:?}");
+        assert_eq!(st.cache.data().containers["c1"].request.qos, "BestEffort");
+    }
+    assert_eq!(
+        steward_core::cpu::CpuSet::parse(&resources.cpuset_cpus)
+            .unwrap()
+            .len(),
+        4,
+        "{resources:?}"
+    );
+
+    // A Guaranteed pod of 2 CPUs that asks for 1 exclusive CPU gets 1.
+    let mut narrow = pod("p2");
+    narrow.cgroup_parent = "/kubepods/poduid-p2".into();
+    narrow.annotations.insert(
+        format!("{}c2", crate::requests::RESOURCES_PREFIX),
+        r#"{"requests":{"cpu":"1"}}"#.to_owned(),
+    );
+    let guaranteed = cri::LinuxContainerResources {
+        cpu_shares: 2048,
+        cpu_quota: 200_000,
+        cpu_period: 100_000,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    m.pod_created(narrow.clone()).await.unwrap();
+    m.container_creating(narrow, "c2", "c2".into(), guaranteed)
+        .await
+        .unwrap();
+    {
+        let st = m.state.lock().await;
+        let key = steward_core::cpu::ContainerKey {
+            pod_uid: "uid-p2".into(),
+            container: "c2".into(),
+        };
+        let a = st.policy.assignments().get(&key).cloned();
+        assert_eq!(exclusive_of(a.as_ref()), 1, "{a:?}");
+    }
+
+    // The attacker's Pod is told, the narrowing one is not.
+    let events: Api<Event> = Api::namespaced(api.client(), "default");
+    let mut found = Vec::new();
+    for _ in 0..100 {
+        found = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(super::super::ANNOTATION_ABOVE_SPEC_REASON))
+            .collect();
+        if !found.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(found.len(), 1, "{found:?}");
+    let e = &found[0];
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("name-p1")
+    );
+    let note = e.note.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("asks Guaranteed, above the pod's QoS class BestEffort")
+            && note.contains("cpu request of 2000m, above the 0m"),
+        "{note}"
+    );
+}
