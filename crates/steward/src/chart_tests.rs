@@ -151,6 +151,26 @@ fn chart_lints_and_renders_under_every_value_set_with(t: &KubeTools) {
             String::from_utf8_lossy(&lint.stderr)
         );
         let objects = render(t, sets);
+        // The controller and the extender touch nothing of the node: they
+        // run as no root either.
+        for d in objects.iter().filter(|o| o["kind"] == "Deployment") {
+            for c in d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let sc = &c["securityContext"];
+                let what = format!("{} under {sets:?}", d["metadata"]["name"]);
+                assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true), "{what}");
+                assert!(
+                    sc["runAsUser"].as_u64().is_some_and(|u| u != 0),
+                    "{what} runs as uid {}",
+                    sc["runAsUser"]
+                );
+                assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{what}");
+                assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{what}");
+            }
+        }
         let pods = pod_specs(&objects);
         assert!(!pods.is_empty(), "{sets:?} renders no DaemonSet");
         for (ds, spec) in pods {

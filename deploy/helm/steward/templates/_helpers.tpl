@@ -51,6 +51,24 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/*
+For a component that touches nothing of the node (the controller, the
+extender): not root either. It reads no file but its own binary and binds
+ports above 1024.
+*/}}
+{{- define "steward.nonRootSecurityContext" -}}
+runAsUser: 65532
+runAsGroup: 65532
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
 {{/* The agent's registration socket, where discovery handlers register. */}}
 {{- define "steward.registrationSocket" -}}
 {{ .Values.stateDir }}/registration.sock
