@@ -24,6 +24,7 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use steward_nodeio::BindOptions;
+use steward_nodeio::bounded::Limits;
 use tokio_util::sync::CancellationToken;
 
 use steward_api::Configuration;
@@ -82,35 +83,23 @@ pub async fn serve(
 ) -> Result<(), steward_nodeio::NodeIoError> {
     let (listener, _guard) = steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE))?;
     tracing::info!(path = %path.display(), "serving the local read API");
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let stream = tokio::select! {
-            () = stop.cancelled() => break,
-            // Reap finished connections as they end.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "local API accept failed");
-                    continue;
-                }
-            },
-        };
-        let (state, view) = (state.clone(), view.clone());
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let (state, view) = (state.clone(), view.clone());
-                async move { Ok::<_, std::convert::Infallible>(respond(&req, &state, &view)) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "local API connection ended with an error");
-            }
-        });
-    }
-    connections.shutdown().await;
+    steward_nodeio::bounded::serve(listener, limits(), "local API", stop, move |req| {
+        let answer = respond(&req, &state, &view);
+        async move { answer }
+    })
+    .await;
     Ok(())
+}
+
+/// The local API's bounds: `steward_nodeio::bounded`'s defaults for
+/// endpoints read with `GET` (10 s for a head, 60 s idle) with no request
+/// body and 16 connections (one user's `steward get` and `curl`).
+pub fn limits() -> Limits {
+    Limits {
+        max_body: 0,
+        max_connections: 16,
+        ..Limits::default()
+    }
 }
 
 fn respond<B>(req: &Request<B>, state: &NodeStore, view: &LocalView) -> Response<Full<Bytes>> {

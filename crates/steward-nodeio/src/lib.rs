@@ -8,6 +8,9 @@
 //! * [`durable`] — write a file so that a crash leaves the old or the new
 //!   content, never a torn one.
 //! * [`backoff`] — the exponential backoff steward's retry loops use.
+//! * [`bounded`] — HTTP/1.1 serving with every resource bounded (deadlines,
+//!   body limit, buffered bytes, connections, accept back-off), shared by
+//!   every HTTP listener.
 //! * [`incoming`] — a unix listener for tonic and hyper servers that, when
 //!   the server asks for it, lets gRPC C-core clients in (their default
 //!   `:authority` for a unix socket is not a URI authority, which h2 refuses;
@@ -15,6 +18,7 @@
 //!   [`h2_authority`]).
 
 pub mod backoff;
+pub mod bounded;
 pub mod durable;
 mod error;
 pub mod identity;

@@ -1,28 +1,48 @@
 //! The HTTP/1.1 serving both endpoints share (the extender's verbs and the
-//! leader's direct decisions): an accept loop that survives failing
-//! accepts, and the answer builders.
+//! leader's direct decisions), and the answer builders.
 //!
-//! An accept that fails (out of file descriptors) is retried after a pause
-//! growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts failing
-//! and once when it accepts again.
+//! Serving is `steward_nodeio::bounded`: each request is read whole, within
+//! a header and a body deadline, before a handler (and so its body budget)
+//! sees it; a body over [`limits`]' `max_body` is refused from its
+//! `Content-Length`; idle connections are closed, connections per listener
+//! capped, and a failing accept (out of file descriptors) is retried after
+//! a pause growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts
+//! failing and once when it accepts again.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
+use steward_nodeio::bounded::{self, Limits};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// First pause after a failed accept; doubled up to [`ACCEPT_BACKOFF_MAX`].
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// Longest pause between accepts while they fail.
-pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+pub const ACCEPT_BACKOFF_MAX: Duration = bounded::ACCEPT_BACKOFF_MAX;
 
-/// Serves `handler` on `listener` until `stop` is cancelled, one task per
-/// connection; `what` names the endpoint in logs.
+/// The bounds of both endpoints: kube-scheduler gives an extender call 5 s
+/// (`httpTimeout` in `deploy/scheduler/`), so a head or a body slower than
+/// that is of no use to it; a body up to the extender's 64 MiB; 256
+/// connections (every scheduler and controller replica, with room), 60 s
+/// idle; 16 MiB of heads and small bodies and 64 MiB of large bodies
+/// (over 1 MiB: whole Node objects) held at once while they arrive.
+pub(crate) fn limits() -> Limits {
+    Limits {
+        header_timeout: Duration::from_secs(5),
+        body_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(60),
+        max_head: 64 << 10,
+        max_body: crate::extender::server::MAX_BODY as u64,
+        max_connections: 256,
+        buffered: 16 << 20,
+        buffered_large: 64 << 20,
+    }
+}
+
+/// Serves `handler` on `listener` within [`limits`] until `stop` is
+/// cancelled, one task per connection; `what` names the endpoint in logs.
 pub(crate) async fn serve<H, F>(
     listener: TcpListener,
     what: &'static str,
@@ -32,69 +52,7 @@ pub(crate) async fn serve<H, F>(
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
-    // Connections end with the endpoint (dropped or stopped): a peer
-    // sees it gone, not a silent socket.
-    let mut connections = tokio::task::JoinSet::new();
-    // While accepting fails: since when, how often, the next pause.
-    let mut failing: Option<(tokio::time::Instant, u64)> = None;
-    let mut pause = ACCEPT_BACKOFF_MIN;
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                if let Some((since, failures)) = failing.take() {
-                    tracing::info!(
-                        endpoint = what,
-                        failures,
-                        after = ?since.elapsed(),
-                        "accepting connections again"
-                    );
-                }
-                pause = ACCEPT_BACKOFF_MIN;
-                stream
-            }
-            Err(e) => {
-                match &mut failing {
-                    Some((_, failures)) => *failures += 1,
-                    None => {
-                        tracing::warn!(
-                            endpoint = what,
-                            error = %e,
-                            "cannot accept connections; retrying with backoff (logged again when it recovers)"
-                        );
-                        failing = Some((tokio::time::Instant::now(), 1));
-                    }
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
-        while connections.try_join_next().is_some() {}
-        let handler = handler.clone();
-        let stop = stop.clone();
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let answer = handler(req);
-                async move { Ok::<_, Infallible>(answer.await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => if let Err(e) = r {
-                    tracing::debug!(endpoint = what, error = %e, "connection ended");
-                },
-                () = stop.cancelled() => {}
-            }
-        });
-    }
+    bounded::serve(listener, limits(), what, stop, handler).await;
 }
 
 pub(crate) fn reply(

@@ -25,7 +25,10 @@ struct Layer(Arc<Counter>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
     fn on_event(&self, e: &tracing::Event<'_>, _: Context<'_, S>) {
-        if !e.metadata().target().starts_with("steward_reservations") {
+        // The accept loop is steward_nodeio::bounded's, shared by every
+        // HTTP listener.
+        let t = e.metadata().target();
+        if !t.starts_with("steward_reservations") && !t.starts_with("steward_nodeio::bounded") {
             return;
         }
         match *e.metadata().level() {

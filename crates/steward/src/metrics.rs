@@ -11,6 +11,8 @@ use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 use steward_nodeio::Readiness;
+use steward_nodeio::bounded::Limits;
+use tokio_util::sync::CancellationToken;
 
 /// Binds `addr` and serves the registry in the background.
 pub async fn serve(
@@ -23,36 +25,28 @@ pub async fn serve(
         .with_context(|| format!("binding the metrics address {addr}"))?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     let registry = Arc::new(registry);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(conn) => conn,
-                Err(err) => {
-                    tracing::warn!(%err, "metrics endpoint accept failed");
-                    continue;
-                }
-            };
-            let registry = registry.clone();
-            let readiness = readiness.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let registry = registry.clone();
-                    let readiness = readiness.clone();
-                    async move {
-                        Ok::<_, std::convert::Infallible>(respond(&req, &registry, &readiness))
-                    }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                if let Err(err) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await
-                {
-                    tracing::debug!(%err, "metrics connection ended with an error");
-                }
-            });
-        }
-    });
+    // Runs as long as the process: nothing stops it.
+    tokio::spawn(steward_nodeio::bounded::serve(
+        listener,
+        limits(),
+        "metrics",
+        CancellationToken::new(),
+        move |req| {
+            let answer = respond(&req, &registry, &readiness);
+            async move { answer }
+        },
+    ));
     Ok(())
+}
+
+/// The metrics endpoint's bounds: `steward_nodeio::bounded`'s defaults for
+/// endpoints read with `GET` (10 s for a head, 60 s idle, 64 connections)
+/// with no request body (a scrape sends none).
+pub fn limits() -> Limits {
+    Limits {
+        max_body: 0,
+        ..Limits::default()
+    }
 }
 
 fn respond<B>(

@@ -1,0 +1,114 @@
+//! One connection: hyper serving the handler behind the gate, and the
+//! counts the gate and the service share to tell a refusal's stand-in
+//! request from a real one and an idle connection from a busy one.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::gate::Gate;
+use super::limits::Limits;
+use super::refusal::refused;
+
+/// Serves one connection; its slot is freed when it ends.
+pub(super) async fn connection<S, H, F>(
+    io: S,
+    limits: Arc<Limits>,
+    budget: (Arc<Semaphore>, Arc<Semaphore>),
+    what: &'static str,
+    stop: CancellationToken,
+    handler: H,
+    _slot: OwnedSemaphorePermit,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let shared = Arc::new(Shared::new());
+    let gate = Gate::new(io, limits, budget, shared.clone(), what);
+    let service = hyper::service::service_fn(move |req| {
+        let index = shared.seen.fetch_add(1, Ordering::SeqCst);
+        let refusal = shared.refusal_for(index);
+        let answered = Answered(shared.clone());
+        let handler = handler.clone();
+        async move {
+            let _answered = answered;
+            Ok::<_, Infallible>(match refusal {
+                Some((status, why)) => refused(status, why),
+                None => handler(req).await,
+            })
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(gate), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r {
+            tracing::debug!(endpoint = what, error = %e, "connection ended");
+        },
+        () = stop.cancelled() => {}
+    }
+}
+
+/// What the gate and the service of one connection share.
+pub(super) struct Shared {
+    /// Requests the gate handed to hyper.
+    pub(super) released: AtomicU64,
+    /// Requests hyper handed to the service.
+    seen: AtomicU64,
+    /// Requests the service answered.
+    answered: AtomicU64,
+    /// When the last answer was made.
+    pub(super) answered_at: Mutex<Instant>,
+    /// The stand-in request the gate handed over, by its index, and the
+    /// answer it stands for.
+    pub(super) refusal: Mutex<Option<(u64, StatusCode, String)>>,
+}
+
+impl Shared {
+    fn new() -> Self {
+        Self {
+            released: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            answered_at: Mutex::new(Instant::now()),
+            refusal: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        // Plain values: a panic elsewhere leaves them usable.
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refusal_for(&self, index: u64) -> Option<(StatusCode, String)> {
+        match &*Self::lock(&self.refusal) {
+            Some((i, status, why)) if *i == index => Some((*status, why.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether every request handed to hyper was answered.
+    pub(super) fn quiet(&self) -> bool {
+        self.answered.load(Ordering::SeqCst) >= self.released.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts an answer when the service's future ends (answered or dropped).
+struct Answered(Arc<Shared>);
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        *Shared::lock(&self.0.answered_at) = Instant::now();
+        self.0.answered.fetch_add(1, Ordering::SeqCst);
+    }
+}
