@@ -15,6 +15,7 @@ mod discovery_loop;
 pub mod dra;
 mod error;
 pub mod events;
+pub mod host_paths;
 pub mod local_api;
 pub mod metrics;
 pub mod node_store;

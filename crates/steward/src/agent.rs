@@ -49,6 +49,22 @@ pub struct AgentArgs {
     /// Where CDI spec files for Instances are written (empty: no CDI).
     #[arg(long, default_value = "/var/run/cdi", value_parser = path_or_empty)]
     cdi_dir: PathBuf,
+    /// Host path prefixes device nodes given to containers (device plugin
+    /// answers, CDI specs) must resolve under, on this node, whatever the
+    /// Instance says (comma separated, matched on whole path components).
+    #[arg(long, value_delimiter = ',', default_value = "/dev/")]
+    allowed_device_paths: Vec<String>,
+    /// Host path prefixes mounts given to containers must resolve under
+    /// (comma separated; empty, the default: no host mounts at all).
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    allowed_mount_paths: Vec<String>,
+    /// Hand block devices (disks) to containers when their path is allowed.
+    #[arg(long)]
+    allow_block_devices: bool,
+    /// Where the agent sees the host's `/` (host paths are resolved there,
+    /// symlinks included), e.g. /host with the host's /dev mounted at /host/dev.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
     /// How long a claimed slot may wait for its pod to appear before it is released.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     slot_pending_timeout: Duration,
@@ -131,6 +147,15 @@ fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let host_paths = steward_agent::host_paths::HostPathPolicy::new(
+        &args.host_root,
+        &args.allowed_device_paths,
+        &args.allowed_mount_paths,
+        args.allow_block_devices,
+    )
+    .context("--allowed-device-paths / --allowed-mount-paths")?;
+    tracing::info!(policy = ?host_paths, "host path policy");
+    steward_agent::host_paths::set_node_policy(host_paths).context("host path policy")?;
     let device_plugins = (!args.standalone && !args.no_device_plugins).then(|| {
         let cdi = (!args.cdi_dir.as_os_str().is_empty()).then(|| args.cdi_dir.clone());
         let mut dp = DevicePluginConfig::new(&args.kubelet_dir, cdi);
@@ -258,6 +283,32 @@ mod tests {
         assert!(off.agent.cdi_dir.as_os_str().is_empty());
         let default = Cli::try_parse_from(["agent", "--node-name", "n"])?;
         assert_eq!(default.agent.cdi_dir, PathBuf::from("/var/run/cdi"));
+        Ok(())
+    }
+
+    /// Devices under /dev/ and no host mounts unless the operator says so.
+    #[test]
+    fn host_path_flags_default_to_dev_and_no_mounts() -> Result<(), clap::Error> {
+        let default = Cli::try_parse_from(["agent", "--node-name", "n"])?;
+        let policy = steward_agent::host_paths::HostPathPolicy::new(
+            &default.agent.host_root,
+            &default.agent.allowed_device_paths,
+            &default.agent.allowed_mount_paths,
+            default.agent.allow_block_devices,
+        )
+        .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, e))?;
+        assert_eq!(policy, steward_agent::host_paths::HostPathPolicy::default());
+        let set = Cli::try_parse_from([
+            "agent",
+            "--node-name",
+            "n",
+            "--allowed-mount-paths",
+            "/etc/steward/,/opt/x",
+            "--allowed-device-paths",
+            "/dev/bus/usb",
+        ])?;
+        assert_eq!(set.agent.allowed_mount_paths, ["/etc/steward/", "/opt/x"]);
+        assert_eq!(set.agent.allowed_device_paths, ["/dev/bus/usb"]);
         Ok(())
     }
 

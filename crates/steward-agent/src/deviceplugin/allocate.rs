@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use steward_api::{InstanceDeviceSpec, InstanceMount};
 use steward_core::slots::{AllocateError, parse_slot_id};
 use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -14,6 +15,7 @@ use steward_proto::deviceplugin::v1beta1::{
 use tonic::Status;
 
 use crate::claims::ClaimStore;
+use crate::host_paths::HostPathPolicy;
 use crate::slot_keeper::{ClaimRefused, SlotKeeper, State, now};
 
 /// Annotation naming the slots handed to a container.
@@ -49,6 +51,45 @@ fn own_slots(instance: &str, req: &AllocateRequest) -> Result<(), (Status, &'sta
     }
     Ok(())
 }
+
+/// The mounts and device nodes of each Instance named by `req`, checked
+/// against the node's host path policy and resolved on the node. One path
+/// outside the policy refuses the whole request (nothing is claimed), naming
+/// the path and the policy.
+fn checked_edits(
+    policy: &HostPathPolicy,
+    st: &State,
+    req: &AllocateRequest,
+) -> Result<CheckedEdits, (Status, &'static str)> {
+    let mut out = CheckedEdits::new();
+    for id in req.container_requests.iter().flat_map(|c| &c.devices_ids) {
+        let Some((name, _)) = parse_slot_id(id) else {
+            continue;
+        };
+        if out.contains_key(name) {
+            continue;
+        }
+        let Some(inst) = st.instances.get(name) else {
+            continue;
+        };
+        let edits = policy
+            .check_edits(&inst.mounts, &inst.device_specs)
+            .map_err(|e| {
+                (
+                    Status::permission_denied(format!(
+                        "Instance {}/{} is not served on this node: {e}; nothing was allocated",
+                        inst.namespace, inst.name
+                    )),
+                    "host_path_refused",
+                )
+            })?;
+        out.insert(name.to_owned(), edits);
+    }
+    Ok(out)
+}
+
+/// Checked `(mounts, device nodes)` by Instance name.
+type CheckedEdits = BTreeMap<String, (Vec<InstanceMount>, Vec<InstanceDeviceSpec>)>;
 
 /// The gRPC status kubelet is answered for a refused claim, and the
 /// `result` label it is counted under.
@@ -105,6 +146,9 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
         let mut st = self.lock().await;
+        let edits = checked_edits(crate::host_paths::node_policy(), &st, req).inspect_err(|e| {
+            tracing::warn!(devices = ?ids, error = %e.0.message(), "Allocate refused: host path outside the node's policy");
+        })?;
         self.claim_durably(
             &mut st,
             || format!("{ids:?}"),
@@ -112,14 +156,19 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         )
         .await
         .map_err(|e| refused_status(&e))?;
-        let response = self.response(&st, req);
+        let response = self.response(&st, req, &edits);
         drop(st);
         self.follow_up();
         tracing::info!(devices = ?ids, "Allocate answered");
         Ok(response)
     }
 
-    fn response(&self, st: &State, req: &AllocateRequest) -> AllocateResponse {
+    fn response(
+        &self,
+        st: &State,
+        req: &AllocateRequest,
+        edits: &CheckedEdits,
+    ) -> AllocateResponse {
         let container_responses = req
             .container_requests
             .iter()
@@ -134,23 +183,24 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
                         continue;
                     }
                     seen.push(name);
-                    let Some(inst) = st.instances.get(name) else {
+                    let (Some(inst), Some((mounts, devices))) =
+                        (st.instances.get(name), edits.get(name))
+                    else {
                         continue;
                     };
                     let empty = BTreeMap::new();
                     let broker = st.broker.get(&inst.config_key()).unwrap_or(&empty);
                     out.envs.extend(inst.env(broker));
-                    out.mounts.extend(inst.mounts.iter().map(|m| Mount {
+                    out.mounts.extend(mounts.iter().map(|m| Mount {
                         container_path: m.container_path.clone(),
                         host_path: m.host_path.clone(),
                         read_only: m.read_only,
                     }));
-                    out.devices
-                        .extend(inst.device_specs.iter().map(|d| DeviceSpec {
-                            container_path: d.container_path.clone(),
-                            host_path: d.host_path.clone(),
-                            permissions: d.permissions.clone(),
-                        }));
+                    out.devices.extend(devices.iter().map(|d| DeviceSpec {
+                        container_path: d.container_path.clone(),
+                        host_path: d.host_path.clone(),
+                        permissions: d.permissions.clone(),
+                    }));
                     if self.cdi && !inst.cdi_name.is_empty() {
                         out.cdi_devices.push(CdiDevice {
                             name: inst.cdi_name.clone(),

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::host_paths::HostPathPolicy;
 use crate::slot_keeper::ServedInstance;
 
 /// Version of the CDI specification written (0.6.0 is the first with spec
@@ -220,8 +221,11 @@ fn remove(path: &Path) -> Result<(), CdiError> {
 }
 
 /// The spec of Configuration `configuration` of `namespace` for
-/// `instances` (all of that Configuration).
+/// `instances` (all of that Configuration). Every host path is checked
+/// against `policy` and given resolved; an Instance with a path outside it
+/// is left out (with a warning) and the others are kept.
 pub fn spec(
+    policy: &HostPathPolicy,
     namespace: &str,
     configuration: &str,
     instances: &[&ServedInstance],
@@ -229,7 +233,19 @@ pub fn spec(
 ) -> Spec {
     let mut devices: Vec<CdiDevice> = instances
         .iter()
-        .map(|i| CdiDevice {
+        .filter_map(|i| match policy.check_edits(&i.mounts, &i.device_specs) {
+            Ok(edits) => Some((i, edits)),
+            Err(e) => {
+                tracing::warn!(
+                    namespace = %i.namespace,
+                    instance = %i.name,
+                    error = %e,
+                    "CDI device left out: host path outside the node's policy"
+                );
+                None
+            }
+        })
+        .map(|(i, (mounts, device_specs))| CdiDevice {
             name: device_name(namespace, &i.name),
             container_edits: ContainerEdits {
                 env: i
@@ -237,8 +253,7 @@ pub fn spec(
                     .into_iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect(),
-                device_nodes: i
-                    .device_specs
+                device_nodes: device_specs
                     .iter()
                     .map(|d| DeviceNode {
                         path: d.container_path.clone(),
@@ -246,8 +261,7 @@ pub fn spec(
                         permissions: d.permissions.clone(),
                     })
                     .collect(),
-                mounts: i
-                    .mounts
+                mounts: mounts
                     .iter()
                     .map(|m| CdiMount {
                         host_path: m.host_path.clone(),
@@ -275,8 +289,28 @@ pub fn spec(
 /// runtime reading the directory sees the old spec or the new one, never a
 /// torn one) or, with no instances, removes the spec file of Configuration
 /// `configuration` of `namespace`. The file format 1 wrote for that
-/// Configuration name, if still there, is removed too.
+/// Configuration name, if still there, is removed too. Host paths are
+/// checked against the node's policy ([`crate::host_paths::node_policy`]).
 pub fn write(
+    dir: &Path,
+    namespace: &str,
+    configuration: &str,
+    instances: &[&ServedInstance],
+    broker: &BTreeMap<String, String>,
+) -> Result<(), CdiError> {
+    write_with(
+        crate::host_paths::node_policy(),
+        dir,
+        namespace,
+        configuration,
+        instances,
+        broker,
+    )
+}
+
+/// [`write`] under `policy`.
+pub fn write_with(
+    policy: &HostPathPolicy,
     dir: &Path,
     namespace: &str,
     configuration: &str,
@@ -295,7 +329,8 @@ pub fn write(
         path: path.clone(),
         source,
     })?;
-    let body = serde_json::to_vec_pretty(&spec(namespace, configuration, instances, broker))?;
+    let body =
+        serde_json::to_vec_pretty(&spec(policy, namespace, configuration, instances, broker))?;
     steward_nodeio::durable::write_file(&path, &body)?;
     Ok(())
 }
@@ -303,6 +338,68 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// These tests are about names and files: paths pass as written (the
+    /// policy's own tests are in `host_paths`; `a_device_outside_the_policy_is_left_out`
+    /// checks it is applied here).
+    fn write(
+        dir: &Path,
+        namespace: &str,
+        configuration: &str,
+        instances: &[&ServedInstance],
+        broker: &BTreeMap<String, String>,
+    ) -> Result<(), CdiError> {
+        write_with(
+            &HostPathPolicy::unchecked(),
+            dir,
+            namespace,
+            configuration,
+            instances,
+            broker,
+        )
+    }
+
+    /// An Instance mounting the host's `/` and one whose device node is
+    /// `/dev/mem` are left out of the spec; the Instance beside them is
+    /// kept, with its device node resolved on the node.
+    #[test]
+    fn a_device_outside_the_policy_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = HostPathPolicy::default();
+        let dev = |host: &str| steward_api::InstanceDeviceSpec {
+            container_path: "/dev/x".into(),
+            host_path: host.into(),
+            permissions: "rw".into(),
+        };
+        let mut good = instance("good");
+        good.device_specs = vec![dev("/dev/./null")];
+        let mut root = instance("root");
+        root.device_specs = vec![dev("/dev/null")];
+        root.mounts = vec![steward_api::InstanceMount {
+            container_path: "/host".into(),
+            host_path: "/".into(),
+            read_only: false,
+        }];
+        let mut mem = instance("mem");
+        mem.device_specs = vec![dev("/dev/mem")];
+        super::write_with(
+            &policy,
+            dir.path(),
+            "default",
+            "conf",
+            &[&root, &good, &mem],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let doc = read(&spec_path(dir.path(), "default", "conf"));
+        let devices = doc["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1, "{doc}");
+        assert_eq!(devices[0]["name"], "default_good");
+        assert_eq!(
+            devices[0]["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/dev/null"
+        );
+    }
 
     fn instance(name: &str) -> ServedInstance {
         instance_in("default", "conf", name)
