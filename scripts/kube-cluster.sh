@@ -37,9 +37,12 @@
 #   server's kubelet client; an RSA key for service-account tokens;
 #   authorization Node,RBAC with NodeRestriction.
 #
-# The extender: kube-scheduler calls http://10.96.200.200:8888 (the Service
+# The extender: kube-scheduler calls https://10.96.200.200:8888 (the Service
 # steward's chart makes when installed with
-# extender.service.clusterIP=10.96.200.200), for the resources of
+# extender.service.clusterIP=10.96.200.200) with its own client
+# certificate (CN system:kube-scheduler, from the cluster's CA), verifying
+# the extender's serving certificate (pki/extender-serving.crt, made here
+# for the chart's extender.tls Secret) against that CA; for the resources of
 # STEWARD_CLUSTER_MANAGED (space-separated; default
 # resmgr.steward.dev/exclusive-cpus: each steward.dev/<instance> is a
 # resource name of its own, and the scheduler takes no pattern).
@@ -109,6 +112,8 @@ make_pki() {
   cert controller-manager system:kube-controller-manager "" "" clientAuth
   cert scheduler system:kube-scheduler "" "" clientAuth
   cert kube-proxy system:kube-proxy "" "" clientAuth
+  cert extender-serving steward-extender "" \
+    "IP:$EXTENDER_IP,DNS:steward-extender.steward-system.svc,DNS:localhost,IP:127.0.0.1" serverAuth
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "" clientAuth
   local n
   for n in "${NODES[@]}"; do
@@ -275,7 +280,9 @@ write_scheduler_config() {
     echo "leaderElection: {leaderElect: false}"
     echo "profiles: [{schedulerName: default-scheduler}]"
     echo "extenders:"
-    echo "- urlPrefix: http://$EXTENDER_IP:$EXTENDER_PORT"
+    echo "- urlPrefix: https://$EXTENDER_IP:$EXTENDER_PORT"
+    echo "  enableHTTPS: true"
+    echo "  tlsConfig: {caFile: $PKI/ca.crt, certFile: $PKI/scheduler.crt, keyFile: $PKI/scheduler.key}"
     echo "  filterVerb: filter"
     echo "  prioritizeVerb: prioritize"
     echo "  weight: 5"
@@ -522,7 +529,8 @@ print_env() {
   # Quoted: the node list has a space.
   echo "STEWARD_CLUSTER_NODES='$(for n in "${NODES[@]}"; do printf '%s ' "$(node_name "$n")"; done | sed 's/ $//')'"
   echo "STEWARD_CLUSTER_VERSION=$VERSION"
-  echo "STEWARD_CLUSTER_EXTENDER_URL=http://$EXTENDER_IP:$EXTENDER_PORT"
+  echo "STEWARD_CLUSTER_EXTENDER_URL=https://$EXTENDER_IP:$EXTENDER_PORT"
+  echo "STEWARD_CLUSTER_PKI=$PKI"
 }
 
 cmd_start() {

@@ -8,14 +8,19 @@
 //! capped, and a failing accept (out of file descriptors) is retried after
 //! a pause growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts
 //! failing and once when it accepts again.
+//!
+//! Over TLS ([`serve_tls`]) the handshake is under the header deadline, and
+//! [`Callers`] says which client certificates may call which paths.
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use steward_nodeio::bounded::{self, Limits};
+use steward_nodeio::bounded::{self, Limits, PeerCertificates, TlsSource};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -53,6 +58,72 @@ pub(crate) async fn serve<H, F>(
     F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
     bounded::serve(listener, limits(), what, stop, handler).await;
+}
+
+/// [`serve`] over TLS with the configuration `tls` gives each new
+/// connection; requests carry the client's [`PeerCertificates`].
+pub(crate) async fn serve_tls<H, F>(
+    listener: TcpListener,
+    tls: Arc<dyn TlsSource>,
+    what: &'static str,
+    stop: CancellationToken,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    bounded::serve_tls(listener, limits(), tls, what, stop, handler).await;
+}
+
+/// Who may call an endpoint served over TLS: a client whose verified
+/// certificate names (subject common name, DNS or URI alternative name)
+/// one of `names`; `GET` of the `open` paths (probes: kubelet presents no
+/// certificate) needs none. Anything else is answered 403 after the
+/// handshake. A certificate that does not chain to the client CAs never
+/// gets that far: the handshake fails.
+#[derive(Debug, Clone)]
+pub struct Callers {
+    names: Arc<BTreeSet<String>>,
+    open: &'static [&'static str],
+}
+
+impl Callers {
+    pub fn new(names: impl IntoIterator<Item = String>, open: &'static [&'static str]) -> Self {
+        Self {
+            names: Arc::new(names.into_iter().collect()),
+            open,
+        }
+    }
+
+    /// The allowed names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// `None` if `req` may be served; else the 403 to answer.
+    pub(crate) fn refusal<B>(&self, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
+        let path = req.uri().path().trim_end_matches('/');
+        if req.method() == hyper::Method::GET && self.open.contains(&path) {
+            return None;
+        }
+        let names = req
+            .extensions()
+            .get::<PeerCertificates>()
+            .map(PeerCertificates::names)
+            .unwrap_or_default();
+        if names.iter().any(|n| self.names.contains(n)) {
+            return None;
+        }
+        let why = if names.is_empty() {
+            format!("{path} needs a client certificate (none was presented)\n")
+        } else {
+            format!(
+                "the client certificate's names {names:?} are not among those allowed to call {path}\n"
+            )
+        };
+        tracing::debug!(path, ?names, "caller refused");
+        Some(text(StatusCode::FORBIDDEN, why))
+    }
 }
 
 pub(crate) fn reply(

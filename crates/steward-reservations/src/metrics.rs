@@ -29,7 +29,7 @@ pub struct AskLabels {
 }
 
 /// The outcomes always exported (0 when none).
-pub const ASK_OUTCOMES: [&str; 8] = [
+pub const ASK_OUTCOMES: [&str; 10] = [
     "decided",
     "rejected_unwritten",
     "undecided",
@@ -38,6 +38,8 @@ pub const ASK_OUTCOMES: [&str; 8] = [
     "not_leading",
     "busy",
     "bad_request",
+    "unauthenticated",
+    "forbidden",
 ];
 
 /// The phases always exported (0 when none), so an alert on one sees a

@@ -2,6 +2,7 @@
 //! leads on a Lease and is the only writer of decisions).
 
 use std::net::{Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -59,6 +60,22 @@ pub struct ControllerArgs {
     /// 0.0.0.0). Needs --decide-listen.
     #[arg(long, env = "STEWARD_DECIDE_ADVERTISE", value_name = "URL")]
     decide_advertise: Option<String>,
+    /// Authenticate `/v1/decide` callers: each bearer token is reviewed by
+    /// the API server (TokenReview, audience --decide-token-audience; the
+    /// controller needs `create` on tokenreviews.authentication.k8s.io)
+    /// and only --decide-allowed-users are served (401 without a valid
+    /// token, 403 for another user). Implied by --decide-allowed-users.
+    #[arg(long)]
+    decide_authenticate: bool,
+    /// The usernames allowed to ask on `/v1/decide`, comma-separated: the
+    /// extenders' ServiceAccount,
+    /// e.g. `system:serviceaccount:steward-system:steward-extender`.
+    #[arg(long, value_delimiter = ',', value_name = "USERS")]
+    decide_allowed_users: Vec<String>,
+    /// The audience the extenders' tokens are projected for and reviewed
+    /// with.
+    #[arg(long, default_value = steward_reservations::direct::auth::DECIDE_AUDIENCE)]
+    decide_token_audience: String,
     /// The leader removes a deleted Node from the Instances at once; a node
     /// that Instances name but that has no Node object (a deletion missed
     /// while no replica led) is removed once it has stayed absent this
@@ -93,6 +110,33 @@ impl ControllerArgs {
         };
         Ok(Some(DecideConfig { listen, advertise }))
     }
+
+    /// The audience and the users allowed when `/v1/decide` authenticates
+    /// its callers (`None`: it does not).
+    pub(crate) fn decide_auth(&self) -> anyhow::Result<Option<(String, Vec<String>)>> {
+        let users: Vec<String> = self
+            .decide_allowed_users
+            .iter()
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if !self.decide_authenticate && users.is_empty() {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            self.decide_listen.is_some(),
+            "--decide-authenticate and --decide-allowed-users need --decide-listen (they authenticate its callers)"
+        );
+        anyhow::ensure!(
+            !users.is_empty(),
+            "--decide-authenticate needs --decide-allowed-users: any pod can get a token of any audience, only the allowed usernames restrict who asks"
+        );
+        anyhow::ensure!(
+            !self.decide_token_audience.is_empty(),
+            "--decide-token-audience must not be empty"
+        );
+        Ok(Some((self.decide_token_audience.clone(), users)))
+    }
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -104,6 +148,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(!args.identity.is_empty(), "--identity must not be empty");
     let decide = args.decide()?;
+    let decide_auth = args.decide_auth()?;
     let client = steward_kube::client::connect("controller", Some(&args.identity))
         .await
         .context("connecting to the API server")?;
@@ -115,6 +160,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.ttl = args.reservation_ttl;
     cfg.device_classes = args.dra_device_classes;
     cfg.decide = decide;
+    cfg.decide_auth = decide_auth.map(|(audience, users)| {
+        use steward_reservations::direct::auth::{ApiServerTokenReview, Authenticator};
+        let reviewer = ApiServerTokenReview::new(client.clone(), &audience);
+        Arc::new(Authenticator::new(Arc::new(reviewer), users))
+    });
     if let Some(gone) = cfg.node_gone.as_mut() {
         gone.grace = args.deleted_node_grace;
     }
@@ -235,6 +285,56 @@ mod tests {
             err.to_string().contains("--decide-advertise is needed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn decide_authentication_is_off_unless_asked_and_needs_allowed_users() {
+        assert!(
+            parse(&["--decide-listen=127.0.0.1:0"])
+                .decide_auth()
+                .unwrap()
+                .is_none()
+        );
+        let (audience, users) = parse(&[
+            "--decide-listen=127.0.0.1:0",
+            "--decide-allowed-users=system:serviceaccount:s:ext, system:serviceaccount:s:ctl",
+        ])
+        .decide_auth()
+        .unwrap()
+        .unwrap();
+        assert_eq!(audience, "steward-decide");
+        assert_eq!(
+            users,
+            ["system:serviceaccount:s:ext", "system:serviceaccount:s:ctl"]
+        );
+        let (audience, _) = parse(&[
+            "--decide-listen=127.0.0.1:0",
+            "--decide-authenticate",
+            "--decide-allowed-users=u",
+            "--decide-token-audience=other",
+        ])
+        .decide_auth()
+        .unwrap()
+        .unwrap();
+        assert_eq!(audience, "other");
+        for (flags, why) in [
+            (
+                &["--decide-listen=127.0.0.1:0", "--decide-authenticate"][..],
+                "needs --decide-allowed-users",
+            ),
+            (
+                &[
+                    "--decide-listen=127.0.0.1:0",
+                    "--decide-authenticate",
+                    "--decide-allowed-users=",
+                ][..],
+                "needs --decide-allowed-users",
+            ),
+            (&["--decide-allowed-users=u"][..], "need --decide-listen"),
+        ] {
+            let err = parse(flags).decide_auth().unwrap_err();
+            assert!(err.to_string().contains(why), "{flags:?}: {err}");
+        }
     }
 
     #[test]

@@ -2,10 +2,13 @@
 //! steward slots (Filter awaits the reservation controller's decision).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use steward_nodeio::bounded::{ClientAuth, TlsFiles};
+use steward_reservations::extender::server::ExtenderTls;
 use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +37,36 @@ pub struct ExtenderArgs {
     /// and no Lease is read. For controllers run without --decide-listen.
     #[arg(long)]
     no_direct: bool,
+    /// Authenticate to the leader's `/v1/decide` with the bearer token in
+    /// this file, read again whenever it changes: a projected
+    /// ServiceAccount token of audience `steward-decide` (the controller's
+    /// --decide-token-audience) that kubelet rotates.
+    #[arg(long, value_name = "PATH")]
+    decide_token_file: Option<std::path::PathBuf>,
+    /// Serve HTTPS with this PEM certificate (chain) for kube-scheduler's
+    /// `enableHTTPS: true` (with --tls-key-file). Read again, with the key
+    /// and the client CAs, for a new connection whenever one of the files
+    /// changed, so a rotated certificate is served without a restart.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// PEM CAs a caller's client certificate must chain to (kube-scheduler's
+    /// `tlsConfig.certFile` issuer). Every path but GET /healthz and /readyz
+    /// then needs a certificate named in --client-names (403 otherwise); one
+    /// from another CA fails the handshake. Needs --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// Names a client certificate may carry (subject CN, or a DNS or URI
+    /// SAN), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = server::DEFAULT_CLIENT_NAME,
+        requires = "client_ca_file"
+    )]
+    client_names: Vec<String>,
 }
 
 impl ExtenderArgs {
@@ -44,16 +77,63 @@ impl ExtenderArgs {
             name: self.leader_lease_name.clone(),
         })
     }
+
+    /// How HTTPS is served, read from the files (`None`: plain HTTP).
+    pub(crate) fn tls(&self) -> anyhow::Result<Option<ExtenderTls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return Ok(None);
+        };
+        let client = self.client_ca_file.as_ref().map(|ca| ClientAuth {
+            ca_file: ca.clone(),
+            // Probes present no certificate: checked per request.
+            optional: true,
+        });
+        let callers = client.is_some().then(|| {
+            ExtenderTls::callers(
+                self.client_names
+                    .iter()
+                    .map(|n| n.trim().to_owned())
+                    .filter(|n| !n.is_empty()),
+            )
+        });
+        let files = TlsFiles::new(cert.clone(), key.clone(), client, "extender")
+            .context("reading the extender's TLS files")?;
+        Ok(Some(ExtenderTls {
+            source: Arc::new(files),
+            callers,
+        }))
+    }
 }
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
+    let tls = args.tls()?;
     let client = steward_kube::client::connect("extender", None)
         .await
         .context("connecting to the API server")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the extender address {}", args.listen))?;
-    tracing::info!(address = %args.listen, "serving the scheduler extender (/filter, /prioritize, /healthz)");
+    match &tls {
+        None => {
+            tracing::info!(address = %args.listen, "serving the scheduler extender over HTTP (/filter, /prioritize, /reserve, /unreserve, /healthz)");
+            tracing::warn!(
+                "the extender serves plain HTTP: its callers are not authenticated, and any client that reaches it can take or release scheduling capacity (--tls-cert-file, --tls-key-file, --client-ca-file)"
+            );
+        }
+        Some(t) => match &t.callers {
+            Some(c) => tracing::info!(
+                address = %args.listen,
+                client_names = ?c.names().collect::<Vec<_>>(),
+                "serving the scheduler extender over HTTPS; callers need a client certificate so named (probes excepted)"
+            ),
+            None => {
+                tracing::info!(address = %args.listen, "serving the scheduler extender over HTTPS");
+                tracing::warn!(
+                    "no --client-ca-file: the extender's callers are not authenticated, and any client that reaches it can take or release scheduling capacity"
+                );
+            }
+        },
+    }
     let leader = args.leader();
     match &leader {
         Some(l) => {
@@ -64,6 +144,10 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let cfg = ExtenderConfig {
         decision_timeout: args.decision_timeout,
         leader,
+        decide_token: args
+            .decide_token_file
+            .clone()
+            .map(steward_reservations::direct::token::DecideToken::new),
         ..ExtenderConfig::default()
     };
     let stop = CancellationToken::new();
@@ -72,7 +156,11 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         crate::shutdown_signal().await;
         signal.cancel();
     });
-    server::serve(listener, Arc::new(Extender::new(client, cfg)), stop).await;
+    let extender = Arc::new(Extender::new(client, cfg));
+    match tls {
+        None => server::serve(listener, extender, stop).await,
+        Some(tls) => server::serve_tls(listener, extender, tls, stop).await,
+    }
     Ok(())
 }
 
@@ -115,5 +203,58 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn tls_flags_come_together_and_name_the_scheduler_by_default() {
+        let tls = |flags: &[&str]| {
+            let mut argv = vec!["steward", "extender"];
+            argv.extend(flags);
+            Cli::try_parse_from(argv).map(|_| ())
+        };
+        assert!(parse(&[]).tls().unwrap().is_none());
+        assert!(parse(&[]).client_names == ["system:kube-scheduler"]);
+        // A certificate without its key, or client CAs without serving TLS.
+        assert!(tls(&["--tls-cert-file=/c"]).is_err());
+        assert!(tls(&["--tls-key-file=/k"]).is_err());
+        assert!(tls(&["--client-ca-file=/ca"]).is_err());
+        assert!(tls(&["--client-names=a"]).is_err());
+        let args = parse(&[
+            "--tls-cert-file=/c",
+            "--tls-key-file=/k",
+            "--client-ca-file=/ca",
+            "--client-names=a, b,,c",
+        ]);
+        assert_eq!(args.client_names, ["a", " b", "", "c"]);
+        // Files that do not exist are an error at startup, not a plain
+        // HTTP fallback.
+        let e = args.tls().err().unwrap();
+        assert!(format!("{e:#}").contains("/c"), "{e:#}");
+    }
+
+    #[test]
+    fn tls_files_make_an_https_extender_with_its_callers() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../steward-reservations/tests/fixtures/tls"
+        );
+        let cert = format!("--tls-cert-file={dir}/server.crt");
+        let key = format!("--tls-key-file={dir}/server.key");
+        let ca = format!("--client-ca-file={dir}/ca.crt");
+        let tls = parse(&[&cert, &key, &ca, "--client-names=a, b,,c"])
+            .tls()
+            .unwrap()
+            .unwrap();
+        let names: Vec<_> = tls.callers.unwrap().names().map(str::to_owned).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        // Without client CAs: HTTPS, no caller check.
+        assert!(
+            parse(&[&cert, &key])
+                .tls()
+                .unwrap()
+                .unwrap()
+                .callers
+                .is_none()
+        );
     }
 }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::connection;
 use super::limits::Limits;
+use super::tls::{PeerCertificates, TlsSource};
 use super::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 use crate::backoff::Backoff;
 
@@ -46,6 +47,41 @@ impl Listener for tokio::net::UnixListener {
 pub async fn serve<L, H, F>(
     listener: L,
     limits: Limits,
+    what: &'static str,
+    stop: CancellationToken,
+    handler: H,
+) where
+    L: Listener,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    serve_with(listener, limits, None, what, stop, handler).await;
+}
+
+/// [`serve`] over TLS: each connection is first given a TLS handshake with
+/// the configuration `tls` gives at that moment, which must complete
+/// within [`Limits::header_timeout`] of the accept (the connection holds
+/// its slot meanwhile, and is closed past it); its requests then carry the
+/// client's [`PeerCertificates`].
+pub async fn serve_tls<L, H, F>(
+    listener: L,
+    limits: Limits,
+    tls: Arc<dyn TlsSource>,
+    what: &'static str,
+    stop: CancellationToken,
+    handler: H,
+) where
+    L: Listener,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    serve_with(listener, limits, Some(tls), what, stop, handler).await;
+}
+
+async fn serve_with<L, H, F>(
+    listener: L,
+    limits: Limits,
+    tls: Option<Arc<dyn TlsSource>>,
     what: &'static str,
     stop: CancellationToken,
     handler: H,
@@ -110,15 +146,63 @@ pub async fn serve<L, H, F>(
                 continue;
             }
         };
-        connections.spawn(connection(
-            io,
-            limits.clone(),
-            (budget.clone(), large.clone()),
-            what,
-            stop.clone(),
-            handler.clone(),
-            slot,
-        ));
+        let budgets = (budget.clone(), large.clone());
+        let (limits, stop, handler) = (limits.clone(), stop.clone(), handler.clone());
+        let Some(tls) = &tls else {
+            connections.spawn(connection(
+                io, limits, budgets, what, stop, handler, None, slot,
+            ));
+            continue;
+        };
+        let tls = tls.clone();
+        connections.spawn(async move {
+            // Files read again (when changed) off the accept loop.
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let Some((io, peer)) = handshake(acceptor, io, &limits, what, &stop).await else {
+                return;
+            };
+            connection(io, limits, budgets, what, stop, handler, Some(peer), slot).await;
+        });
     }
     connections.shutdown().await;
+}
+
+/// The TLS handshake of one connection, within the header deadline.
+async fn handshake<S>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    io: S,
+    limits: &Limits,
+    what: &'static str,
+    stop: &CancellationToken,
+) -> Option<(tokio_rustls::server::TlsStream<S>, PeerCertificates)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let done = tokio::select! {
+        () = stop.cancelled() => return None,
+        done = tokio::time::timeout(limits.header_timeout, acceptor.accept(io)) => done,
+    };
+    match done {
+        Ok(Ok(stream)) => {
+            let peer = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default();
+            Some((stream, PeerCertificates(Arc::new(peer))))
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(endpoint = what, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(
+                endpoint = what,
+                timeout = ?limits.header_timeout,
+                "TLS handshake not completed within the header timeout; closed"
+            );
+            None
+        }
+    }
 }

@@ -18,8 +18,11 @@ use tokio_util::sync::CancellationToken;
 use super::gate::Gate;
 use super::limits::Limits;
 use super::refusal::refused;
+use super::tls::PeerCertificates;
 
-/// Serves one connection; its slot is freed when it ends.
+/// Serves one connection; its slot is freed when it ends. The requests of
+/// a TLS connection carry what its `peer` presented.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn connection<S, H, F>(
     io: S,
     limits: Arc<Limits>,
@@ -27,6 +30,7 @@ pub(super) async fn connection<S, H, F>(
     what: &'static str,
     stop: CancellationToken,
     handler: H,
+    peer: Option<PeerCertificates>,
     _slot: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -35,7 +39,10 @@ pub(super) async fn connection<S, H, F>(
 {
     let shared = Arc::new(Shared::new());
     let gate = Gate::new(io, limits, budget, shared.clone(), what);
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if let Some(peer) = &peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         let index = shared.seen.fetch_add(1, Ordering::SeqCst);
         let refusal = shared.refusal_for(index);
         let answered = Answered(shared.clone());

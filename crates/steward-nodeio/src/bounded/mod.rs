@@ -45,6 +45,17 @@
 //! then closed lingering: what the peer still sends is read and dropped for
 //! up to [`LINGER`], so the answer is not lost to a reset.
 //!
+//! **TLS** ([`serve_tls`]): each connection first completes a TLS
+//! handshake, within the header deadline from its accept (a peer that
+//! opens TCP and sends no `ClientHello`, or stalls in the handshake, is
+//! closed then and its slot freed), with the configuration a
+//! [`TlsSource`] gives for that connection ([`TlsFiles`]: PEM files read
+//! again when they change). Client certificates, when asked for, are
+//! verified against a CA bundle ([`ClientAuth`]); each request then
+//! carries the verified chain as a [`PeerCertificates`] extension, whose
+//! [`names`](PeerCertificates::names) a handler checks. The requests are
+//! then read as on a plain connection, under the same limits.
+//!
 //! A client sending `Expect: 100-continue` gets no `100 Continue` before
 //! its body has arrived; clients send the body after a short wait of their
 //! own (curl: 1 s), and none of steward's callers send it.
@@ -58,7 +69,9 @@
 // * `head` — parsing a request head;
 // * `budget` — the buffered-bytes budget taken and given back;
 // * `refusal` — the gate's own answers, through a stand-in request;
-// * `write` — answers the peer does not read, and closing lingering.
+// * `write` — answers the peer does not read, and closing lingering;
+// * `tls` — TLS configuration (from files, reloaded) and the peer's chain;
+// * `x509` — the names of a client certificate.
 mod accept;
 mod budget;
 mod connection;
@@ -67,12 +80,18 @@ mod head;
 mod limits;
 mod read;
 mod refusal;
+mod tls;
 mod write;
+mod x509;
 
 use std::time::Duration;
 
-pub use accept::{Listener, serve};
+pub use accept::{Listener, serve, serve_tls};
 pub use limits::Limits;
+pub use tls::{ClientAuth, PeerCertificates, TlsError, TlsFiles, TlsSource};
+/// The TLS stack [`serve_tls`] uses (rustls with the ring provider), for
+/// callers building a [`TlsSource`] or a client of their own.
+pub use {rustls, rustls_pki_types, tokio_rustls};
 
 /// First pause after a failed accept; doubled up to [`ACCEPT_BACKOFF_MAX`].
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);

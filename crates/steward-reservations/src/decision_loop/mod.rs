@@ -85,6 +85,9 @@ pub struct ControllerConfig {
     /// takes over at once when it refuses connections (the leader's
     /// process is gone), instead of waiting for the Lease to expire.
     pub decide: Option<DecideConfig>,
+    /// Who may ask on the direct path ([`crate::direct::auth`]); `None`
+    /// (the default): anyone who reaches it (warned once).
+    pub decide_auth: Option<std::sync::Arc<crate::direct::auth::Authenticator>>,
     /// How long a new leader waits before reading the cluster: writes its
     /// predecessor had sent when it died land first, and are in the lists
     /// it decides from.
@@ -111,6 +114,7 @@ impl ControllerConfig {
             device_classes: false,
             metrics: ControllerMetrics::default(),
             decide: None,
+            decide_auth: None,
             takeover_horizon: Duration::from_millis(300),
             node_gone: Some(NodeGoneConfig::default()),
             node_labels: true,
@@ -200,6 +204,7 @@ pub async fn run(
             asks,
             leading: leading.clone(),
             metrics: cfg.metrics.clone(),
+            auth: cfg.decide_auth.clone(),
         };
         let (stop, gone) = (stop.clone(), endpoint_gone.clone());
         AbortOnDropHandle::new(tokio::spawn(async move {

@@ -1,6 +1,7 @@
 //! The extender's side of the direct path: where the leader answers
 //! (followed on the election Lease, one object), and the call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,6 +19,7 @@ use steward_kube::{Change, follow};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::token::DecideToken;
 use super::wire::{DECIDE_PATH, DecideRequest, ENDPOINT_ANNOTATION};
 
 /// Largest answer read (one Reservation object).
@@ -49,6 +51,10 @@ pub enum DirectError {
     Transport(String, String),
     #[error("the leader at {0} failed: {1}")]
     Failed(String, String),
+    #[error("no token to send the leader: {0}")]
+    Token(#[from] super::token::TokenError),
+    #[error("the leader at {0} does not take the extender's credentials ({1}): {2}")]
+    Refused(String, StatusCode, String),
 }
 
 /// Who holds the election Lease and where it decides.
@@ -65,6 +71,11 @@ pub struct Holder {
 pub struct Leader {
     holder: watch::Receiver<Option<Holder>>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
+    /// Sent as `Authorization: Bearer` (`None`: no credentials).
+    token: Option<DecideToken>,
+    /// The leader refused the credentials last time (warned once until
+    /// it takes them again).
+    refused: AtomicBool,
     _follow: AbortOnDropHandle<()>,
 }
 
@@ -127,8 +138,17 @@ impl Leader {
             http: HttpClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(http),
+            token: None,
+            refused: AtomicBool::new(false),
             _follow: AbortOnDropHandle::new(task),
         }
+    }
+
+    /// The same, authenticating with `token` (`None`: no credentials).
+    #[must_use]
+    pub fn with_token(mut self, token: Option<DecideToken>) -> Self {
+        self.token = token;
+        self
     }
 
     /// Where the leader decides, as last seen.
@@ -147,10 +167,23 @@ impl Leader {
         let endpoint = self.endpoint().ok_or(DirectError::NoLeader)?;
         let transport = |e: String| DirectError::Transport(endpoint.clone(), e);
         let body = serde_json::to_vec(ask).map_err(|e| transport(e.to_string()))?;
-        let req = hyper::Request::post(format!("{}{DECIDE_PATH}", endpoint.trim_end_matches('/')))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| transport(e.to_string()))?;
+        let mut req =
+            hyper::Request::post(format!("{}{DECIDE_PATH}", endpoint.trim_end_matches('/')))
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .map_err(|e| transport(e.to_string()))?;
+        if let Some(token) = &self.token {
+            let read = token.bearer().inspect_err(|e| {
+                if !self.refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "no token for the leader: asking through the API");
+                }
+            })?;
+            let mut value = hyper::header::HeaderValue::try_from(format!("Bearer {read}"))
+                .map_err(|_| transport("the token is not a header value".into()))?;
+            value.set_sensitive(true);
+            req.headers_mut()
+                .insert(hyper::header::AUTHORIZATION, value);
+        }
         let within = Duration::from_millis(ask.timeout_ms) + Duration::from_millis(500);
         let resp = tokio::time::timeout(within, self.http.request(req))
             .await
@@ -166,6 +199,15 @@ impl Leader {
         .map_err(|e| transport(e.to_string()))?
         .to_bytes();
         let said = || String::from_utf8_lossy(&body).trim().to_owned();
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            if !self.refused.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%endpoint, %status, answer = %said(), "the leader refuses the extender's credentials (--decide-token-file, the controller's --decide-allowed-users): asking through the API");
+            }
+            return Err(DirectError::Refused(endpoint, status, said()));
+        }
+        if self.refused.swap(false, Ordering::Relaxed) {
+            tracing::info!(%endpoint, "the leader takes the extender's credentials again");
+        }
         match status {
             StatusCode::OK => serde_json::from_slice::<Reservation>(&body)
                 .map(|r| Answer::Decided(Box::new(r)))

@@ -19,11 +19,17 @@
 //! reaching the extender) and, with them, the fan-out latency of every
 //! other watcher. When no leader answers (none elected yet, a failover,
 //! an older controller), the extender falls back to the API path.
+//!
+//! Callers are authenticated when the controller is told whom to admit
+//! ([`auth`]): the extender sends a projected ServiceAccount token
+//! ([`token`]), the controller has the API server review it.
 
+pub mod auth;
 pub mod client;
 pub(crate) mod pending;
 pub(crate) mod prober;
 pub mod server;
+pub mod token;
 pub mod wire;
 
 pub use wire::ENDPOINT_ANNOTATION;

@@ -2,6 +2,7 @@
 //! serves it; only the leader's decision loop takes asks, a standby
 //! answers 421 so the extender looks for the leader again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -11,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Authenticator, Verdict};
 use super::pending::{Ask, Outcome};
 use super::wire::{DECIDE_PATH, DecideRequest, MAX_REQUEST};
 use crate::http::{json, text};
@@ -28,11 +30,23 @@ pub struct DecideHandle {
     pub leading: watch::Receiver<bool>,
     /// Where answered asks are counted.
     pub metrics: ControllerMetrics,
+    /// Who may ask (`None`: anyone who reaches the endpoint).
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 /// Serves `/v1/decide` on `listener` until `stop` is cancelled (or the
 /// future is dropped: its connections go with it).
 pub async fn serve(listener: TcpListener, handle: DecideHandle, stop: CancellationToken) {
+    match &handle.auth {
+        Some(a) => {
+            tracing::info!(allowed = ?a.allowed(), "{DECIDE_PATH}: callers authenticated (TokenReview)");
+        }
+        None => {
+            tracing::warn!(
+                "{DECIDE_PATH} does not authenticate its callers: anyone who reaches it can ask for a pod's capacity (--decide-authenticate and --decide-allowed-users turn it on)"
+            );
+        }
+    }
     crate::http::serve(listener, "decide", stop, move |req| {
         let handle = handle.clone();
         async move {
@@ -67,8 +81,61 @@ async fn route(
             ),
         );
     }
+    if let Some(auth) = &handle.auth
+        && let Some(refused) = authenticate(auth, &req).await
+    {
+        return refused;
+    }
     let (outcome, answer) = ask(handle, req).await;
     (Some(outcome), answer)
+}
+
+/// `None`: the caller is allowed; else the refusal. Nothing of a refused
+/// request's body is read.
+async fn authenticate(
+    auth: &Authenticator,
+    req: &Request<Incoming>,
+) -> Option<(Option<&'static str>, Response<Full<Bytes>>)> {
+    match auth.check(req.headers()).await {
+        Verdict::Allowed(user) => {
+            tracing::trace!(%user, "an allowed caller asks");
+            None
+        }
+        Verdict::Unauthenticated(why) => {
+            tracing::debug!(%why, "refused an unauthenticated ask");
+            let mut r = text(
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "{DECIDE_PATH} needs Authorization: Bearer <a token of audience steward-decide>: {why}\n"
+                ),
+            );
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+            Some((Some("unauthenticated"), r))
+        }
+        Verdict::Forbidden(user) => {
+            tracing::warn!(%user, "refused an ask of a user not allowed to ask");
+            Some((
+                Some("forbidden"),
+                text(
+                    StatusCode::FORBIDDEN,
+                    format!("{user} may not ask {DECIDE_PATH}\n"),
+                ),
+            ))
+        }
+        Verdict::Unavailable(why) => {
+            tracing::warn!(%why, "could not authenticate an ask");
+            Some((
+                Some("busy"),
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot authenticate the caller now: {why}; retry\n"),
+                ),
+            ))
+        }
+    }
 }
 
 async fn ask(
@@ -181,9 +248,25 @@ mod tests {
         path: &'static str,
         body: String,
     ) -> (u16, String) {
+        let (status, _, body) = call_as(addr, method, path, None, body).await;
+        (status, body)
+    }
+
+    /// The same with an `Authorization` header: the status, the head and
+    /// the body.
+    async fn call_as(
+        addr: std::net::SocketAddr,
+        method: &'static str,
+        path: &'static str,
+        authorization: Option<&str>,
+        body: String,
+    ) -> (u16, String, String) {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = authorization
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: leader\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: leader\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
         s.write_all(head.as_bytes()).await.unwrap();
@@ -191,7 +274,7 @@ mod tests {
         s.read_to_string(&mut out).await.unwrap();
         let status = out.split(' ').nth(1).unwrap().parse().unwrap();
         let at = out.find("\r\n\r\n").unwrap() + 4;
-        (status, out[at..].to_owned())
+        (status, out[..at].to_owned(), out[at..].to_owned())
     }
 
     fn ask(timeout_ms: u64) -> String {
@@ -226,6 +309,7 @@ mod tests {
             asks,
             leading,
             metrics: metrics.clone(),
+            auth: None,
         };
         let stop = CancellationToken::new();
         let _stop = stop.clone().drop_guard();
@@ -286,6 +370,7 @@ mod tests {
             asks,
             leading,
             metrics: metrics.clone(),
+            auth: None,
         };
         let stop = CancellationToken::new();
         tokio::spawn(serve(listener, handle, stop.clone()));
@@ -349,5 +434,128 @@ mod tests {
         stop.cancel();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    const EXTENDER: &str = "system:serviceaccount:steward-system:steward-extender";
+
+    /// With authentication on, only the allowed user's ask reaches the
+    /// loop: no token or one that authenticates nobody is 401 (with a
+    /// `WWW-Authenticate: Bearer` challenge), another user's token 403,
+    /// and nothing of either is queued; the extender's is queued (202).
+    /// Reviews are kept: the extender's token is reviewed once.
+    #[tokio::test]
+    async fn only_the_allowed_users_asks_are_queued() {
+        use std::sync::atomic::Ordering;
+
+        use crate::direct::auth::tests::FixedTokens;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (asks, mut asked) = mpsc::channel(8);
+        let (_lead, leading) = watch::channel(true);
+        let metrics = ControllerMetrics::default();
+        let reviewer = Arc::new(FixedTokens::new(&[
+            ("ext-token", EXTENDER),
+            ("alice-token", "alice"),
+        ]));
+        let handle = DecideHandle {
+            asks,
+            leading,
+            metrics: metrics.clone(),
+            auth: Some(Arc::new(Authenticator::new(
+                reviewer.clone(),
+                [EXTENDER.to_owned()],
+            ))),
+        };
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        tokio::spawn(serve(listener, handle, stop));
+        let count = |o| {
+            metrics
+                .direct_asks
+                .get_or_create(&crate::metrics::AskLabels { outcome: o })
+                .get()
+        };
+
+        for (auth, why) in [
+            (None, "no token"),
+            (Some("Bearer forged"), "a token of nobody"),
+            (Some("Basic ZXh0OnB3"), "not a bearer token"),
+            (Some("ext-token"), "no scheme"),
+        ] {
+            let (st, head, body) = call_as(addr, "POST", DECIDE_PATH, auth, ask(50)).await;
+            assert_eq!(st, 401, "{why}: {body}");
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains("www-authenticate: bearer"),
+                "{why}: {head}"
+            );
+        }
+        let (st, _, body) = call_as(
+            addr,
+            "POST",
+            DECIDE_PATH,
+            Some("Bearer alice-token"),
+            ask(50),
+        )
+        .await;
+        assert_eq!(st, 403, "{body}");
+        assert!(body.contains("alice may not ask"), "{body}");
+        assert!(
+            asked.try_recv().is_err(),
+            "a refused caller's ask was queued"
+        );
+        assert_eq!(count("unauthenticated"), 4);
+        assert_eq!(count("forbidden"), 1);
+
+        let valid: DecideRequest = serde_json::from_str(&ask(50)).unwrap();
+        for _ in 0..2 {
+            let caller = tokio::spawn(call_as(
+                addr,
+                "POST",
+                DECIDE_PATH,
+                Some("Bearer ext-token"),
+                ask(50),
+            ));
+            let queued = asked.recv().await.unwrap();
+            assert_eq!(queued.spec, valid.spec);
+            assert_eq!(caller.await.unwrap().0, 202);
+            drop(queued);
+        }
+        // forged, alice, ext: each reviewed once.
+        assert_eq!(reviewer.reviews.load(Ordering::SeqCst), 3);
+        assert_eq!(count("undecided"), 2);
+    }
+
+    /// The API server cannot review: 503 (the extender asks through the
+    /// API), nothing queued.
+    #[tokio::test]
+    async fn no_review_no_ask() {
+        use std::sync::atomic::Ordering;
+
+        use crate::direct::auth::tests::FixedTokens;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (asks, mut asked) = mpsc::channel(8);
+        let (_lead, leading) = watch::channel(true);
+        let reviewer = Arc::new(FixedTokens::new(&[("ext-token", EXTENDER)]));
+        reviewer.down.store(true, Ordering::SeqCst);
+        let handle = DecideHandle {
+            asks,
+            leading,
+            metrics: ControllerMetrics::default(),
+            auth: Some(Arc::new(Authenticator::new(
+                reviewer,
+                [EXTENDER.to_owned()],
+            ))),
+        };
+        let stop = CancellationToken::new();
+        let _stop = stop.clone().drop_guard();
+        tokio::spawn(serve(listener, handle, stop));
+        let (st, _, body) =
+            call_as(addr, "POST", DECIDE_PATH, Some("Bearer ext-token"), ask(50)).await;
+        assert_eq!(st, 503, "{body}");
+        assert!(asked.try_recv().is_err());
     }
 }

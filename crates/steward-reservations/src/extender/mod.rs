@@ -74,6 +74,10 @@ pub struct ExtenderConfig {
     /// ([`crate::direct`]), falling back to the API path when it does not
     /// answer; `None`: the API path only.
     pub leader: Option<LeaderLease>,
+    /// Sent to the leader as `Authorization: Bearer` (a projected
+    /// ServiceAccount token, [`crate::direct::token`]); `None`: no
+    /// credentials.
+    pub decide_token: Option<crate::direct::token::DecideToken>,
 }
 
 /// The controller's election Lease.
@@ -90,6 +94,7 @@ impl Default for ExtenderConfig {
             poll: Duration::from_millis(250),
             shared_watch: true,
             leader: None,
+            decide_token: None,
         }
     }
 }
@@ -142,7 +147,8 @@ impl Extender {
         let leader = cfg
             .leader
             .as_ref()
-            .map(|l| Arc::new(Leader::follow(client.clone(), &l.namespace, &l.name)));
+            .map(|l| Leader::follow(client.clone(), &l.namespace, &l.name))
+            .map(|l| Arc::new(l.with_token(cfg.decide_token.clone())));
         Self {
             client,
             cfg,

@@ -11,6 +11,14 @@
 //! accept that fails (out of file descriptors) is retried after a pause
 //! growing to [`ACCEPT_BACKOFF_MAX`], logged once when it starts failing
 //! and once when it accepts again.
+//!
+//! **Callers.** [`serve`] serves plain HTTP and authenticates no one.
+//! [`serve_tls`] serves HTTPS (kube-scheduler's `enableHTTPS` and
+//! `tlsConfig`): a client certificate is asked for and, when presented,
+//! must chain to the client CAs or the handshake fails; every path but
+//! `GET /healthz` and `/readyz` then needs a certificate naming one of
+//! [`ExtenderTls::callers`] (subject CN, or a DNS or URI SAN), else 403.
+//! Probes (kubelet presents no certificate) so pass without one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::reserve::{self, Answer, PodVerb};
 use super::{Extender, ExtenderArgs};
+pub use crate::http::Callers;
 use crate::http::{json, text};
+use steward_nodeio::bounded::TlsSource;
 
 /// Largest request body accepted (kube-scheduler sends whole Node objects
 /// when not node-cache-capable: 5,000 nodes fit).
@@ -41,13 +51,61 @@ pub const BODY_WAIT: Duration = Duration::from_secs(2);
 
 pub use crate::http::ACCEPT_BACKOFF_MAX;
 
-/// Serves `extender` on `listener` until `stop` is cancelled.
+/// Paths served to callers without a client certificate over TLS.
+pub const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
+
+/// kube-scheduler's client certificate name (its kubeconfig user).
+pub const DEFAULT_CLIENT_NAME: &str = "system:kube-scheduler";
+
+/// Serves `extender` on `listener` over plain HTTP until `stop` is
+/// cancelled: callers are not authenticated.
 pub async fn serve(listener: TcpListener, extender: Arc<Extender>, stop: CancellationToken) {
     let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
     crate::http::serve(listener, "extender", stop, move |req| {
         let extender = extender.clone();
         let budget = budget.clone();
         async move { route(&extender, &budget, req).await }
+    })
+    .await;
+}
+
+/// How the extender serves HTTPS.
+pub struct ExtenderTls {
+    /// The serving certificate (and client CAs) of each new connection,
+    /// e.g. [`steward_nodeio::bounded::TlsFiles`] with its client CAs
+    /// optional (so probes need no certificate).
+    pub source: Arc<dyn TlsSource>,
+    /// Who may call past the probes; `None`: anyone (TLS without client
+    /// authentication).
+    pub callers: Option<Callers>,
+}
+
+impl ExtenderTls {
+    /// The callers allowed `names` (every path but [`PROBE_PATHS`]).
+    pub fn callers(names: impl IntoIterator<Item = String>) -> Callers {
+        Callers::new(names, PROBE_PATHS)
+    }
+}
+
+/// Serves `extender` on `listener` over HTTPS until `stop` is cancelled.
+pub async fn serve_tls(
+    listener: TcpListener,
+    extender: Arc<Extender>,
+    tls: ExtenderTls,
+    stop: CancellationToken,
+) {
+    let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
+    let callers = tls.callers;
+    crate::http::serve_tls(listener, tls.source, "extender", stop, move |req| {
+        let extender = extender.clone();
+        let budget = budget.clone();
+        let refused = callers.as_ref().and_then(|c| c.refusal(&req));
+        async move {
+            match refused {
+                Some(r) => r,
+                None => route(&extender, &budget, req).await,
+            }
+        }
     })
     .await;
 }
@@ -112,7 +170,7 @@ async fn route(
     let path = req.uri().path().trim_end_matches('/').to_owned();
     let verb = match path.as_str() {
         "/filter" | "/prioritize" | "/reserve" | "/unreserve" => path.clone(),
-        "/healthz" if req.method() == Method::GET => {
+        "/healthz" | "/readyz" if req.method() == Method::GET => {
             return text(StatusCode::OK, "ok\n".into());
         }
         _ => return text(StatusCode::NOT_FOUND, format!("no route {path}\n")),

@@ -139,6 +139,7 @@ async fn a_first_filter_creates_without_reading_and_a_lagging_picture_costs_a_re
         poll: Duration::from_secs(60),
         shared_watch: true,
         leader: None,
+        decide_token: None,
     };
     let ext = Extender::with_seen(server.client(), cfg, seen);
     let args = |name: &str, uid: &str| -> ExtenderArgs {

@@ -1,0 +1,251 @@
+//! SECURITY.md, "a pod": nobody but kube-scheduler takes or releases
+//! scheduling capacity through the extender, and nobody but the extender
+//! asks the leading controller directly. Performed from the control plane's
+//! network (where kube-scheduler runs, and which reaches Service and pod
+//! addresses), with curl, against the chart as installed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+use steward_real_cluster::Cluster;
+
+/// The control plane's network namespace (scripts/kube-cluster.sh).
+const CONTROL_PLANE_NS: &str = "stwk-cp";
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set (scripts/real-cluster up)"))
+}
+
+/// `curl ARGS` from the control plane's network: (HTTP status or 0 when no
+/// answer came, body, curl's stderr).
+fn curl(args: &[&str]) -> (u16, String, String) {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            CONTROL_PLANE_NS,
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+        ])
+        .args(["-o", "/dev/stdout", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running curl: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = stdout.rsplit_once('\n').unwrap_or(("", stdout.as_str()));
+    (
+        code.trim().parse().unwrap_or(0),
+        body.to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A Filter body as kube-scheduler sends it (nodeCacheCapable: names only)
+/// for a pod asking an exclusive CPU.
+fn filter_body(ns: &str, node: &str) -> String {
+    json!({
+        "Pod": {
+            "metadata": {"name": "victim", "namespace": ns, "uid": "uid-forged"},
+            "spec": {"containers": [{"name": "c", "image": "busybox",
+                "resources": {"limits": {"cpu": "1", "memory": "64Mi",
+                    "resmgr.steward.dev/exclusive-cpus": "1"}}}]},
+        },
+        "NodeNames": [node],
+    })
+    .to_string()
+}
+
+/// Proves: the extender answers only a caller presenting a client
+/// certificate of the cluster's CA whose name is kube-scheduler's. Without a
+/// certificate, over plain HTTP, or with another client certificate of the
+/// same CA (the cluster admin's), a Filter is refused and writes no
+/// Reservation; kube-scheduler's own certificate is answered; kubelet's
+/// probe path answers without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_kube_scheduler_reaches_the_extender() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("sec-sched").await;
+    let pki = env("STEWARD_CLUSTER_PKI");
+    let url = env("STEWARD_CLUSTER_EXTENDER_URL");
+    assert!(
+        url.starts_with("https://"),
+        "the extender is reached over {url}"
+    );
+    let body = filter_body(&ns.name, &cluster.nodes[0]);
+    let ca = format!("{pki}/ca.crt");
+    let filter = format!("{url}/filter");
+    let post = [
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+    ];
+
+    let mut refused = Vec::new();
+    // No client certificate.
+    let (code, body_out, err) = curl(&[&["--cacert", &ca], &post[..], &[&body, &filter]].concat());
+    assert!(
+        code == 0 || code == 401 || code == 403,
+        "a Filter with no client certificate was answered {code}: {body_out} {err}"
+    );
+    refused.push(format!("no certificate: {code} {}", err.trim()));
+    // Plain HTTP to the HTTPS port.
+    let plain = filter.replace("https://", "http://");
+    let (code, body_out, err) = curl(&[&post[..], &[&body, &plain]].concat());
+    assert!(
+        !(200..300).contains(&code),
+        "a plain-HTTP Filter was answered {code}: {body_out} {err}"
+    );
+    refused.push(format!("plain HTTP: {code}"));
+    // Another client certificate of the same CA: the cluster admin's.
+    let (code, body_out, err) = curl(
+        &[
+            &["--cacert", &ca][..],
+            &[
+                "--cert",
+                &format!("{pki}/admin.crt"),
+                "--key",
+                &format!("{pki}/admin.key"),
+            ],
+            &post[..],
+            &[&body, &filter],
+        ]
+        .concat(),
+    );
+    assert!(
+        code == 0 || code == 403,
+        "a Filter with the admin's certificate was answered {code}: {body_out} {err}"
+    );
+    refused.push(format!("admin's certificate: {code}"));
+    // None of them wrote a Reservation.
+    let reservations = cluster.kubectl(&["get", "reservations", "-n", &ns.name, "-o", "json"]);
+    let v: Value = serde_json::from_str(&reservations).unwrap();
+    assert_eq!(
+        v["items"].as_array().map(Vec::len),
+        Some(0),
+        "a refused Filter wrote a Reservation: {reservations}"
+    );
+
+    // kube-scheduler's certificate is answered (a Filter result, whatever
+    // it decides for this pod).
+    let (code, body_out, err) = curl(
+        &[
+            &["--cacert", &ca][..],
+            &[
+                "--cert",
+                &format!("{pki}/scheduler.crt"),
+                "--key",
+                &format!("{pki}/scheduler.key"),
+            ],
+            &post[..],
+            &[&body, &filter],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 200, "kube-scheduler's Filter: {body_out} {err}");
+    let answer: Value = serde_json::from_str(&body_out).unwrap();
+    assert!(
+        answer.get("NodeNames").is_some() || answer.get("FailedNodes").is_some(),
+        "not a Filter answer: {body_out}"
+    );
+    // kubelet's probe: no client certificate needed.
+    let (code, _, err) = curl(&["--cacert", &ca, &format!("{url}/healthz")]);
+    assert_eq!(code, 200, "/healthz without a certificate: {err}");
+    eprintln!("refused: {refused:?}");
+}
+
+/// The leading controller's decide endpoint, from the election Lease.
+fn decide_endpoint(cluster: &Cluster) -> String {
+    let out = cluster.kubectl(&[
+        "get",
+        "leases",
+        "-n",
+        &cluster.release_namespace,
+        "steward-controller",
+        "-o",
+        "jsonpath={.metadata.annotations.steward\\.dev/decide-endpoint}",
+    ]);
+    assert!(
+        out.starts_with("http"),
+        "no decide endpoint in the Lease: {out:?}"
+    );
+    out.trim().to_owned()
+}
+
+/// Proves: the leader's `/v1/decide` takes an ask only from the extender's
+/// ServiceAccount, verified by the real API server's TokenReview: no token
+/// is 401, a token of another ServiceAccount (the right audience) is 403, a
+/// token of the extender's ServiceAccount for another audience is 401, and
+/// none of them writes a Reservation.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_extender_asks_the_leader() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("sec-decide-path").await;
+    let endpoint = decide_endpoint(&cluster);
+    let url = format!("{endpoint}/v1/decide");
+    let ask = json!({
+        "pod": {"namespace": ns.name, "name": "victim", "uid": "uid-forged"},
+        "candidates": [cluster.nodes[0]],
+        "slots": {},
+        "exclusiveCpus": 1,
+    })
+    .to_string();
+    let post = [
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+    ];
+
+    let (code, body, err) = curl(&[&post[..], &[&ask, &url]].concat());
+    assert_eq!(code, 401, "an ask with no token: {body} {err}");
+
+    let other = cluster
+        .kubectl(&[
+            "create",
+            "token",
+            "default",
+            "-n",
+            &ns.name,
+            "--audience",
+            "steward-decide",
+        ])
+        .trim()
+        .to_owned();
+    let bearer = format!("Authorization: Bearer {other}");
+    let (code, body, err) = curl(&[&["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    assert_eq!(
+        code, 403,
+        "an ask with another ServiceAccount's token: {body} {err}"
+    );
+
+    let wrong_audience = cluster
+        .kubectl(&[
+            "create",
+            "token",
+            "steward-extender",
+            "-n",
+            &cluster.release_namespace,
+        ])
+        .trim()
+        .to_owned();
+    let bearer = format!("Authorization: Bearer {wrong_audience}");
+    let (code, body, err) = curl(&[&["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    assert_eq!(
+        code, 401,
+        "an ask with the extender's token for the API server's audience: {body} {err}"
+    );
+
+    let reservations = cluster.kubectl(&["get", "reservations", "-n", &ns.name, "-o", "json"]);
+    let v: Value = serde_json::from_str(&reservations).unwrap();
+    assert_eq!(
+        v["items"].as_array().map(Vec::len),
+        Some(0),
+        "a refused ask wrote a Reservation: {reservations}"
+    );
+}
