@@ -7,6 +7,7 @@
 //! pair, validates what handlers report and writes Instances through an
 //! [`InstanceStore`] (Kubernetes custom resources or the embedded store).
 
+pub mod cdi_names;
 pub mod claims;
 mod config;
 pub mod deviceplugin;

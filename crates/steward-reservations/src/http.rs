@@ -27,6 +27,10 @@ use tokio_util::sync::CancellationToken;
 /// Longest pause between accepts while they fail.
 pub const ACCEPT_BACKOFF_MAX: Duration = bounded::ACCEPT_BACKOFF_MAX;
 
+/// Largest request body accepted (kube-scheduler sends whole Node objects
+/// when not node-cache-capable: 5,000 nodes fit).
+pub const MAX_BODY: usize = 64 << 20;
+
 /// The bounds of both endpoints: kube-scheduler gives an extender call 5 s
 /// (`httpTimeout` in `deploy/scheduler/`), so a head or a body slower than
 /// that is of no use to it; a body up to the extender's 64 MiB; 256
@@ -39,7 +43,7 @@ pub(crate) fn limits() -> Limits {
         body_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(60),
         max_head: 64 << 10,
-        max_body: crate::extender::server::MAX_BODY as u64,
+        max_body: MAX_BODY as u64,
         max_connections: 256,
         buffered: 16 << 20,
         buffered_large: 64 << 20,

@@ -56,7 +56,7 @@ impl ServedInstance {
                     .collect()
             })
             .unwrap_or_default();
-        let cdi_name = crate::deviceplugin::cdi_qualified_name(
+        let cdi_name = crate::cdi_names::qualified_name(
             instance.metadata.namespace.as_deref().unwrap_or_default(),
             &spec.configuration_name,
             &name,

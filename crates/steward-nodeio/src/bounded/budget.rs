@@ -3,8 +3,7 @@
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::gate::Gate;
-use super::read::Phase;
+use super::gate::{Gate, Phase};
 use super::{READ, SEGMENT};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Gate<S> {

@@ -4,12 +4,12 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
+use hyper::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::gate::Gate;
 use super::limits::Limits;
 use super::refusal::refused;
+use super::shared::Shared;
 use super::tls::PeerCertificates;
 
 /// Serves one connection; its slot is freed when it ends. The requests of
@@ -63,50 +64,6 @@ pub(super) async fn connection<S, H, F>(
             tracing::debug!(endpoint = what, error = %e, "connection ended");
         },
         () = stop.cancelled() => {}
-    }
-}
-
-/// What the gate and the service of one connection share.
-pub(super) struct Shared {
-    /// Requests the gate handed to hyper.
-    pub(super) released: AtomicU64,
-    /// Requests hyper handed to the service.
-    seen: AtomicU64,
-    /// Requests the service answered.
-    answered: AtomicU64,
-    /// When the last answer was made.
-    pub(super) answered_at: Mutex<Instant>,
-    /// The stand-in request the gate handed over, by its index, and the
-    /// answer it stands for.
-    pub(super) refusal: Mutex<Option<(u64, StatusCode, String)>>,
-}
-
-impl Shared {
-    fn new() -> Self {
-        Self {
-            released: AtomicU64::new(0),
-            seen: AtomicU64::new(0),
-            answered: AtomicU64::new(0),
-            answered_at: Mutex::new(Instant::now()),
-            refusal: Mutex::new(None),
-        }
-    }
-
-    pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        // Plain values: a panic elsewhere leaves them usable.
-        m.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn refusal_for(&self, index: u64) -> Option<(StatusCode, String)> {
-        match &*Self::lock(&self.refusal) {
-            Some((i, status, why)) if *i == index => Some((*status, why.clone())),
-            _ => None,
-        }
-    }
-
-    /// Whether every request handed to hyper was answered.
-    pub(super) fn quiet(&self) -> bool {
-        self.answered.load(Ordering::SeqCst) >= self.released.load(Ordering::SeqCst)
     }
 }
 

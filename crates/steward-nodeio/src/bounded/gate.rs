@@ -12,9 +12,25 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::PollSemaphore;
 
-use super::connection::Shared;
 use super::limits::Limits;
-use super::read::Phase;
+use super::shared::Shared;
+
+/// Where the gate is in the request it is reading.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Phase {
+    /// No byte of a request yet.
+    Idle,
+    /// The head is arriving; it must end by `until`.
+    Head { until: Instant },
+    /// The body is arriving: the request is `total` bytes, it must end by
+    /// `until`; a large body must have its share by `share_by`.
+    Body {
+        total: usize,
+        body: usize,
+        until: Instant,
+        share_by: Instant,
+    },
+}
 
 /// Bytes handed to hyper: one segment of a whole request.
 pub(super) struct Ready {

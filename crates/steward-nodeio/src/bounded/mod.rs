@@ -63,8 +63,10 @@
 // One concept per file:
 // * `limits` — the bounds of a listener, normalized to fit a largest request;
 // * `accept` — the accept loop, its connection cap and back-off;
-// * `connection` — hyper behind the gate, and what gate and service share;
-// * `gate` — the I/O wrapper hyper reads and writes through;
+// * `connection` — hyper behind the gate;
+// * `shared` — what the gate and the service of one connection share;
+// * `gate` — the I/O wrapper hyper reads and writes through, and where it
+//   is in the request (`Phase`);
 // * `read` — reading each request whole within its deadlines;
 // * `head` — parsing a request head;
 // * `budget` — the buffered-bytes budget taken and given back;
@@ -80,6 +82,7 @@ mod head;
 mod limits;
 mod read;
 mod refusal;
+mod shared;
 mod tls;
 mod write;
 mod x509;

@@ -10,27 +10,10 @@ use hyper::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::connection::Shared;
-use super::gate::{Gate, Ready};
+use super::gate::{Gate, Phase, Ready};
 use super::head::{Head, head};
+use super::shared::Shared;
 use super::{LARGE_BODY, LARGE_WAIT, READ, SEGMENT};
-
-/// Where the gate is in the request it is reading.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Phase {
-    /// No byte of a request yet.
-    Idle,
-    /// The head is arriving; it must end by `until`.
-    Head { until: Instant },
-    /// The body is arriving: the request is `total` bytes, it must end by
-    /// `until`; a large body must have its share by `share_by`.
-    Body {
-        total: usize,
-        body: usize,
-        until: Instant,
-        share_by: Instant,
-    },
-}
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Gate<S> {
     /// Parses the head once it has arrived; hands a whole request over.

@@ -9,8 +9,8 @@ use hyper::body::Bytes;
 use hyper::{Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::connection::Shared;
 use super::gate::{Gate, Ready};
+use super::shared::Shared;
 
 /// The request the gate hands hyper in place of one it refused.
 const STAND_IN: &[u8] = b"GET / HTTP/1.1\r\nhost: steward\r\nconnection: close\r\n\r\n";

@@ -37,8 +37,8 @@ use crate::http::{json, text};
 use steward_nodeio::bounded::TlsSource;
 
 /// Largest request body accepted (kube-scheduler sends whole Node objects
-/// when not node-cache-capable: 5,000 nodes fit).
-pub const MAX_BODY: usize = 64 << 20;
+/// when not node-cache-capable: 5,000 nodes fit); the HTTP server's bound.
+pub use crate::http::MAX_BODY;
 
 /// Most request-body bytes held at once across all requests: one largest
 /// body, or many small ones.
