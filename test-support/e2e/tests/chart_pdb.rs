@@ -15,7 +15,14 @@ use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
 
-const BOTH: &[&str] = &["controller.enabled=true", "extender.enabled=true"];
+/// Both Deployments; the chart's admission policies off (the API server
+/// stand-in these tests apply to serves no admissionregistration.k8s.io;
+/// the real cluster proves them).
+const BOTH: &[&str] = &[
+    "controller.enabled=true",
+    "extender.enabled=true",
+    "rbac.admissionPolicies=false",
+];
 
 fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     BOTH.iter().copied().chain(extra.iter().copied()).collect()
