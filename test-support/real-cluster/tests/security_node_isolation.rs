@@ -16,9 +16,13 @@ use serde_json::json;
 use steward_api::{Configuration, Instance, SlotClaim};
 use steward_real_cluster::{Cluster, busybox_pod, debug_echo_configuration, eventually};
 
-/// The pod of `component` on `node` in the release namespace, and its
-/// ServiceAccount.
-fn pod_of(cluster: &Cluster, component: &str, node: &str) -> (String, String) {
+/// A Running pod of `component` in the release namespace (on `node` when
+/// given), and its ServiceAccount.
+fn pod_on(cluster: &Cluster, component: &str, node: Option<&str>) -> (String, String) {
+    let fields = match node {
+        Some(n) => format!("spec.nodeName={n},status.phase=Running"),
+        None => "status.phase=Running".to_owned(),
+    };
     let out = cluster.kubectl(&[
         "get",
         "pods",
@@ -27,35 +31,14 @@ fn pod_of(cluster: &Cluster, component: &str, node: &str) -> (String, String) {
         "-l",
         &format!("app.kubernetes.io/component={component}"),
         "--field-selector",
-        &format!("spec.nodeName={node},status.phase=Running"),
+        &fields,
         "-o",
         "jsonpath={.items[0].metadata.name} {.items[0].spec.serviceAccountName}",
     ]);
     let mut it = out.split_whitespace();
     match (it.next(), it.next()) {
         (Some(p), Some(sa)) => (p.to_owned(), sa.to_owned()),
-        _ => panic!("no Running {component} pod on {node}: {out:?}"),
-    }
-}
-
-/// A Running pod of `component` on any node, and its ServiceAccount.
-fn any_pod_of(cluster: &Cluster, component: &str) -> (String, String) {
-    let out = cluster.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        &cluster.release_namespace,
-        "-l",
-        &format!("app.kubernetes.io/component={component}"),
-        "--field-selector",
-        "status.phase=Running",
-        "-o",
-        "jsonpath={.items[0].metadata.name} {.items[0].spec.serviceAccountName}",
-    ]);
-    let mut it = out.split_whitespace();
-    match (it.next(), it.next()) {
-        (Some(p), Some(sa)) => (p.to_owned(), sa.to_owned()),
-        _ => panic!("no Running {component} pod: {out:?}"),
+        _ => panic!("no Running {component} pod (node {node:?}): {out:?}"),
     }
 }
 
@@ -204,7 +187,7 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
     )
     .await;
 
-    let (agent_pod, agent_sa) = pod_of(&cluster, "agent", &a);
+    let (agent_pod, agent_sa) = pod_on(&cluster, "agent", Some(&a));
     let agent_a = client_as(&cluster, &agent_sa, Some(&agent_pod)).await;
     let insts: Api<Instance> = Api::namespaced(agent_a.clone(), &ns.name);
     let claims: Api<SlotClaim> = Api::namespaced(agent_a.clone(), &ns.name);
@@ -430,7 +413,7 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
         .await;
 
     // The resource manager of node A: Node B's labels and status.
-    let (rm_pod, rm_sa) = pod_of(&cluster, "nri-plugin", &a);
+    let (rm_pod, rm_sa) = pod_on(&cluster, "nri-plugin", Some(&a));
     let rm_a = client_as(&cluster, &rm_sa, Some(&rm_pod)).await;
     let nodes: Api<Node> = Api::all(rm_a);
     let label = |v: &str| json!({"metadata": {"labels": {"steward.dev/test-isolation": v}}});
@@ -494,7 +477,7 @@ async fn only_the_controller_decides_a_reservation() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("sec-decide").await;
     let a = cluster.nodes[0].clone();
-    let (pod, sa) = any_pod_of(&cluster, "extender");
+    let (pod, sa) = pod_on(&cluster, "extender", None);
     let extender = client_as(&cluster, &sa, Some(&pod)).await;
     let gvk = kube::api::GroupVersionKind::gvk("steward.dev", "v1alpha2", "Reservation");
     let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "reservations");

@@ -43,6 +43,17 @@ fn curl(args: &[&str]) -> (u16, String, String) {
     )
 }
 
+/// Asserts `ns` holds no Reservation: what `who` did wrote none.
+fn no_reservation_in(cluster: &Cluster, ns: &str, who: &str) {
+    let reservations = cluster.kubectl(&["get", "reservations", "-n", ns, "-o", "json"]);
+    let v: Value = serde_json::from_str(&reservations).unwrap();
+    assert_eq!(
+        v["items"].as_array().map(Vec::len),
+        Some(0),
+        "{who} wrote a Reservation: {reservations}"
+    );
+}
+
 /// A Filter body as kube-scheduler sends it (nodeCacheCapable: names only)
 /// for a pod asking an exclusive CPU.
 fn filter_body(ns: &str, node: &str) -> String {
@@ -85,6 +96,18 @@ async fn only_kube_scheduler_reaches_the_extender() {
         "--data",
     ];
 
+    // A Filter with the client certificate `pki/<name>.crt`.
+    let filter_with = |name: &str| {
+        let (cert, key) = (format!("{pki}/{name}.crt"), format!("{pki}/{name}.key"));
+        curl(
+            &[
+                &["--cacert", &ca, "--cert", &cert, "--key", &key][..],
+                &post[..],
+                &[&body, &filter],
+            ]
+            .concat(),
+        )
+    };
     let mut refused = Vec::new();
     // No client certificate.
     let (code, body_out, err) = curl(&[&["--cacert", &ca], &post[..], &[&body, &filter]].concat());
@@ -102,50 +125,18 @@ async fn only_kube_scheduler_reaches_the_extender() {
     );
     refused.push(format!("plain HTTP: {code}"));
     // Another client certificate of the same CA: the cluster admin's.
-    let (code, body_out, err) = curl(
-        &[
-            &["--cacert", &ca][..],
-            &[
-                "--cert",
-                &format!("{pki}/admin.crt"),
-                "--key",
-                &format!("{pki}/admin.key"),
-            ],
-            &post[..],
-            &[&body, &filter],
-        ]
-        .concat(),
-    );
+    let (code, body_out, err) = filter_with("admin");
     assert!(
         code == 0 || code == 403,
         "a Filter with the admin's certificate was answered {code}: {body_out} {err}"
     );
     refused.push(format!("admin's certificate: {code}"));
     // None of them wrote a Reservation.
-    let reservations = cluster.kubectl(&["get", "reservations", "-n", &ns.name, "-o", "json"]);
-    let v: Value = serde_json::from_str(&reservations).unwrap();
-    assert_eq!(
-        v["items"].as_array().map(Vec::len),
-        Some(0),
-        "a refused Filter wrote a Reservation: {reservations}"
-    );
+    no_reservation_in(&cluster, &ns.name, "a refused Filter");
 
     // kube-scheduler's certificate is answered (a Filter result, whatever
     // it decides for this pod).
-    let (code, body_out, err) = curl(
-        &[
-            &["--cacert", &ca][..],
-            &[
-                "--cert",
-                &format!("{pki}/scheduler.crt"),
-                "--key",
-                &format!("{pki}/scheduler.key"),
-            ],
-            &post[..],
-            &[&body, &filter],
-        ]
-        .concat(),
-    );
+    let (code, body_out, err) = filter_with("scheduler");
     assert_eq!(code, 200, "kube-scheduler's Filter: {body_out} {err}");
     let answer: Value = serde_json::from_str(&body_out).unwrap();
     assert!(
@@ -241,11 +232,5 @@ async fn only_the_extender_asks_the_leader() {
         "an ask with the extender's token for the API server's audience: {body} {err}"
     );
 
-    let reservations = cluster.kubectl(&["get", "reservations", "-n", &ns.name, "-o", "json"]);
-    let v: Value = serde_json::from_str(&reservations).unwrap();
-    assert_eq!(
-        v["items"].as_array().map(Vec::len),
-        Some(0),
-        "a refused ask wrote a Reservation: {reservations}"
-    );
+    no_reservation_in(&cluster, &ns.name, "a refused ask");
 }

@@ -10,12 +10,11 @@
 //!
 //! [`Limits::header_timeout`]: super::Limits::header_timeout
 
+use crate::identity::FileIdentity;
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
@@ -98,14 +97,14 @@ pub enum TlsError {
     },
 }
 
-/// A file as last seen: its identity, size and modification time. A
-/// Kubernetes Secret volume replaces files by renaming a directory symlink,
-/// which changes the inode the path resolves to.
-type Stamp = Option<(u64, u64, u64, SystemTime)>;
+/// A file as last seen: which file the path names (device, inode, change
+/// time). A Kubernetes Secret volume replaces files by renaming a directory
+/// symlink, which changes the file the path resolves to; a write in place
+/// changes its change time.
+type Stamp = Option<FileIdentity>;
 
 fn stamp(path: &Path) -> Stamp {
-    let m = fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
+    FileIdentity::of(path)
 }
 
 struct Loaded {

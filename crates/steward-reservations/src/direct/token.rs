@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use steward_nodeio::identity::FileIdentity;
 
 /// Why no token could be sent.
 #[derive(Debug, thiserror::Error)]
@@ -19,30 +19,9 @@ pub enum TokenError {
     Empty(PathBuf),
 }
 
-/// What tells one version of the file from another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-impl Stamp {
-    fn of(m: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt;
-        Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            modified: m.modified().ok(),
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Kept {
-    stamp: Stamp,
+    stamp: FileIdentity,
     token: String,
 }
 
@@ -79,7 +58,7 @@ impl DecideToken {
     /// The token as the file says now.
     pub fn bearer(&self) -> Result<String, TokenError> {
         let read = |e| TokenError::Read(self.path.clone(), e);
-        let stamp = Stamp::of(&std::fs::metadata(&self.path).map_err(read)?);
+        let stamp = FileIdentity::from_metadata(&std::fs::metadata(&self.path).map_err(read)?);
         if let Ok(kept) = self.kept.lock()
             && let Some(k) = kept.as_ref()
             && k.stamp == stamp
