@@ -28,6 +28,8 @@ pub(crate) enum DiscoveryMsg {
     InvalidDetails(String),
     /// Connecting failed or the stream broke, hung, sent garbage or ended.
     Lost(String),
+    /// Nothing was sent: the details may not go to this handler.
+    Withheld(crate::error::InvalidDetails),
 }
 
 /// A message from task `task` about the pair `(key, config)`.

@@ -140,4 +140,17 @@ pub enum InvalidDetails {
     /// A discovery handler refused the details, with its message.
     #[error("{0}")]
     Refused(String),
+    /// The details were not sent: a property read from a Secret goes only
+    /// to a handler inside the agent or on a unix socket, never over a
+    /// network connection without TLS.
+    #[error(
+        "discovery property {property} is read from a Secret and is sent only to a handler \
+         embedded in the agent or on a unix socket; handler {handler} is at {endpoint}, a \
+         network endpoint without TLS, so nothing was sent to it"
+    )]
+    SecretWithheld {
+        property: String,
+        handler: String,
+        endpoint: String,
+    },
 }

@@ -552,3 +552,177 @@ async fn discovery_properties_follow_their_secret_and_config_map() {
     dh.stop().await;
     agent.stop().await.unwrap();
 }
+
+/// A handler that counts its Discover calls and reports one device named
+/// after the `ID` property (or `none`).
+struct CountingEcho(Arc<std::sync::atomic::AtomicUsize>);
+
+impl steward_discovery::DiscoveryHandler for CountingEcho {
+    fn name(&self) -> &str {
+        "net-echo"
+    }
+    fn shared(&self) -> bool {
+        false
+    }
+    fn discover(
+        &self,
+        req: steward_discovery::DiscoverRequest,
+    ) -> Result<steward_discovery::DeviceStream, steward_discovery::DiscoveryError> {
+        use futures::StreamExt;
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let id = req
+            .properties
+            .get("ID")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_else(|| "none".into());
+        let device = steward_core::discovery::Device {
+            id,
+            properties: Default::default(),
+            mounts: Vec::new(),
+            device_specs: Vec::new(),
+        };
+        Ok(futures::stream::once(async move { Ok(vec![device]) })
+            .chain(futures::stream::pending())
+            .boxed())
+    }
+}
+
+/// SECURITY.md, "Secrets go only where no one listens": a Configuration
+/// whose discovery property is read from a Secret, served by a handler
+/// registered at a plaintext network endpoint. The agent sends it nothing
+/// (the handler sees no Discover call) and says why in the Configuration's
+/// DetailsValid condition and an Event; a Configuration of the same
+/// handler with a ConfigMap property is served, so the endpoint works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_is_never_sent_to_a_plaintext_network_handler() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use steward_api::{DiscoveryProperty, DiscoveryPropertySource, KeyRef};
+    use steward_core::discovery::Endpoint;
+
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
+    cfg.network_handler_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
+    let agent = start_agent(cfg);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(steward_discovery::server::serve_tcp(
+        Arc::new(CountingEcho(calls.clone())),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    eventually("the agent's registration socket", WAIT, || async {
+        steward_discovery::registration::register(
+            &agent.socket,
+            "net-echo",
+            &Endpoint::Network(url.clone()),
+            false,
+        )
+        .await
+        .ok()
+    })
+    .await;
+
+    let secrets: Api<Secret> = Api::namespaced(server.client(), NS);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("creds".into());
+    secret.data = Some([("id".to_string(), ByteString(b"cam-secret".to_vec()))].into());
+    secrets.create(&Default::default(), &secret).await.unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(server.client(), NS);
+    let mut map = ConfigMap::default();
+    map.metadata.name = Some("site".into());
+    map.data = Some([("id".to_string(), "cam-public".to_string())].into());
+    maps.create(&Default::default(), &map).await.unwrap();
+    let key_ref = |name: &str| KeyRef {
+        name: name.into(),
+        namespace: None,
+        key: "id".into(),
+        optional: None,
+    };
+    let with_property = |name: &str, source: DiscoveryPropertySource| {
+        let mut c = configuration(name, "net-echo", "");
+        c.spec.discovery_handler.discovery_properties = vec![DiscoveryProperty {
+            name: "ID".into(),
+            value: None,
+            value_from: Some(source),
+        }];
+        c
+    };
+    create_configuration(
+        &server,
+        &with_property(
+            "secret-cams",
+            DiscoveryPropertySource {
+                secret_key_ref: Some(key_ref("creds")),
+                config_map_key_ref: None,
+            },
+        ),
+    )
+    .await;
+
+    let cond = eventually("DetailsValid=False on secret-cams", WAIT, || async {
+        let s = config_status(&server, "secret-cams").await?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_DETAILS_VALID && c.status == "False")
+    })
+    .await;
+    assert!(
+        cond.message.contains("Secret") && cond.message.contains(&url),
+        "the condition says why and names the endpoint: {}",
+        cond.message
+    );
+    let events: Api<Event> = Api::namespaced(server.client(), NS);
+    eventually(
+        "an InvalidDiscoveryDetails Event on secret-cams",
+        WAIT,
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("InvalidDiscoveryDetails")
+                        && e.involved_object.name.as_deref() == Some("secret-cams")
+                })
+        },
+    )
+    .await;
+
+    // The same handler serves a Configuration without a Secret: the
+    // endpoint works, and the Secret's Configuration still got nothing.
+    create_configuration(
+        &server,
+        &with_property(
+            "public-cams",
+            DiscoveryPropertySource {
+                secret_key_ref: None,
+                config_map_key_ref: Some(key_ref("site")),
+            },
+        ),
+    )
+    .await;
+    let found = eventually("public-cams' instance", WAIT, || async {
+        let list = instances_of(&server, "public-cams").await;
+        (list.len() == 1).then_some(list)
+    })
+    .await;
+    assert_eq!(found[0].spec.device_id, "cam-public");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "only public-cams' Discover reached the network handler"
+    );
+    assert!(instances_of(&server, "secret-cams").await.is_empty());
+    let _ = stop.send(());
+    let _ = serving.await;
+    agent.stop().await.unwrap();
+}

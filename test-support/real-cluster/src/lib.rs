@@ -165,25 +165,102 @@ impl Cluster {
     }
 
     /// Waits until pod `name` is Running (all containers started); panics
-    /// early when it fails admission or ends.
+    /// early when it fails admission or ends, and on timeout with what the
+    /// cluster says about the pod (`why_not_running`).
     pub async fn running(&self, ns: &str, name: &str, timeout: Duration) -> Pod {
         let pods = self.pods(ns);
-        eventually(&format!("pod {ns}/{name} Running"), timeout, || {
-            let pods = pods.clone();
-            async move {
-                let pod = pods.get_opt(name).await.ok().flatten()?;
+        let start = Instant::now();
+        loop {
+            if let Some(pod) = pods.get_opt(name).await.ok().flatten() {
                 let status = pod.status.clone().unwrap_or_default();
                 match status.phase.as_deref() {
-                    Some("Running") => Some(pod),
+                    Some("Running") => return pod,
                     Some("Failed") => panic!(
                         "pod {ns}/{name} failed: reason {:?}, message {:?}",
                         status.reason, status.message
                     ),
-                    _ => None,
+                    _ => {}
                 }
             }
-        })
-        .await
+            if start.elapsed() >= timeout {
+                panic!(
+                    "timed out after {timeout:?} waiting for pod {ns}/{name} Running\n{}",
+                    self.why_not_running(ns, name)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// What the cluster says about a pod that is not running: its status
+    /// (phase, conditions, container states), the namespace's events, and
+    /// the last lines of the steward pods' logs on its node. Best effort:
+    /// a part that cannot be read says so.
+    pub fn why_not_running(&self, ns: &str, name: &str) -> String {
+        let run = |args: &[&str]| -> String {
+            match Command::new(&self.kubectl)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(args)
+                .output()
+            {
+                Ok(out) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                Err(e) => format!("kubectl {args:?}: {e}\n"),
+            }
+        };
+        let mut report = String::new();
+        report += "--- pod status\n";
+        report += &run(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.nodeName} {.status}",
+        ]);
+        report += "\n--- events\n";
+        report += &run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+        report += "--- pods on the nodes\n";
+        report += &run(&["get", "pods", "-A", "-o", "wide"]);
+        let node = run(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.nodeName}",
+        ]);
+        if !node.trim().is_empty() && !node.contains(' ') {
+            let selector = format!("spec.nodeName={}", node.trim());
+            let steward = run(&[
+                "get",
+                "pods",
+                "-n",
+                &self.release_namespace,
+                "--field-selector",
+                &selector,
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+            ]);
+            for pod in steward.split_whitespace() {
+                report += &format!("--- logs of {pod} (last 40 lines)\n");
+                report += &run(&[
+                    "logs",
+                    "-n",
+                    &self.release_namespace,
+                    pod,
+                    "--all-containers",
+                    "--tail=40",
+                ]);
+            }
+        }
+        report
     }
 
     /// The node's allocatable quantity of `resource` (0 when absent).

@@ -58,6 +58,15 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
                 self.warn_invalid(&config).await;
                 self.publish(&config).await;
             }
+            DiscoveryMsg::Withheld(why) => {
+                self.tasks.remove(&pair);
+                tracing::error!(configuration = %config, handler = %key.name, error = %why, "discovery details withheld from the handler");
+                if let Some(cs) = self.configs.get_mut(&config) {
+                    cs.details = Some(Err(why));
+                }
+                self.warn_invalid(&config).await;
+                self.publish(&config).await;
+            }
             DiscoveryMsg::Lost(message) => {
                 self.tasks.remove(&pair);
                 self.metrics.lost(&key.name);
@@ -177,6 +186,31 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
                 return;
             }
         };
+        if let (Endpoint::Network(url), Some(property)) =
+            (&key.endpoint, secret_property(&cs.snap.configuration))
+        {
+            // Never over plaintext: the task reports it at once, as a
+            // refusal retrying cannot mend (nothing is connected).
+            let why = InvalidDetails::SecretWithheld {
+                property,
+                handler: key.name.clone(),
+                endpoint: url.clone(),
+            };
+            let task = self.next_task;
+            self.next_task += 1;
+            let report = TaskReport {
+                task,
+                key,
+                config,
+                msg: DiscoveryMsg::Withheld(why),
+            };
+            let tx = self.task_tx.clone();
+            let handle = tokio::spawn(async move {
+                let _ = tx.send(report).await;
+            });
+            self.tasks.insert(pair, (task, handle.abort_handle()));
+            return;
+        }
         let target = match &key.endpoint {
             Endpoint::Embedded => match self.embedded.get(&key.name) {
                 Some(h) => Target::Embedded(h.clone()),
@@ -217,4 +251,18 @@ impl<S: InstanceStore> DiscoveryLoop<S> {
         }
         self.metrics.set_handlers(w, a, o);
     }
+}
+
+/// The first discovery property of `c` read from a Secret, if any.
+fn secret_property(c: &steward_api::Configuration) -> Option<String> {
+    c.spec
+        .discovery_handler
+        .discovery_properties
+        .iter()
+        .find(|p| {
+            p.value_from
+                .as_ref()
+                .is_some_and(|f| f.secret_key_ref.is_some())
+        })
+        .map(|p| p.name.clone())
 }
