@@ -103,7 +103,8 @@ impl Stage {
             dir.path().join("registration.sock"),
             Mode::Kubernetes(api.client()),
         );
-        cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo", "udev"])?;
+        cfg.embedded_handlers =
+            steward_agent::embedded_handlers(&["debug-echo", "udev"], &Default::default())?;
         cfg.timings = AgentTimings {
             tick_interval: Duration::from_millis(100),
             file_poll_interval: Duration::from_millis(100),

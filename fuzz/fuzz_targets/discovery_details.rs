@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = DebugEcho::new(which & 0x80 != 0).discover(DiscoverRequest::new(details));
         }
         1 => {
-            let _ = network::plan(details);
+            let _ = network::plan(details, &network::ProbeScope::default());
         }
         _ => {
             let _ = RuleSet::from_details(details);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use steward_core::discovery::registry::RegistryConfig;
 use steward_discovery::DiscoveryHandler;
 use steward_discovery::client::ClientOptions;
+use steward_discovery::handlers::HandlerOptions;
 use steward_discovery::policy::Cidr;
 
 use crate::AgentError;
@@ -185,12 +186,16 @@ impl AgentConfig {
     }
 }
 
-/// The built-in handlers called `names`, for [`AgentConfig::embedded_handlers`].
-pub fn embedded_handlers(names: &[&str]) -> Result<Vec<Arc<dyn DiscoveryHandler>>, AgentError> {
+/// The built-in handlers called `names`, set up with the node operator's
+/// `options`, for [`AgentConfig::embedded_handlers`].
+pub fn embedded_handlers(
+    names: &[&str],
+    options: &HandlerOptions,
+) -> Result<Vec<Arc<dyn DiscoveryHandler>>, AgentError> {
     names
         .iter()
         .map(|name| {
-            steward_discovery::handlers::by_name(name).ok_or_else(|| {
+            steward_discovery::handlers::by_name(name, options).ok_or_else(|| {
                 AgentError::Config(format!(
                     "unknown embedded discovery handler {name:?} (known: {})",
                     steward_discovery::handlers::NAMES.join(", ")

@@ -134,8 +134,12 @@ async fn api_down_local_device_allocates_shared_fails_closed() {
         }
     });
     let mut handlers = echo(false);
+    // The peer listens on loopback, which the tcp-probe handler probes
+    // only where the node's operator allows it.
     handlers.push(Arc::new(
-        steward_discovery::handlers::network::TcpProbe::new(),
+        steward_discovery::handlers::network::TcpProbe::with_scope(
+            steward_discovery::handlers::network::ProbeScope::new(["127.0.0.1".parse().unwrap()]),
+        ),
     ));
     let mut cfg = a.agent_config(dir.path(), server.client(), handlers);
     if let Some(dp) = cfg.device_plugins.as_mut() {

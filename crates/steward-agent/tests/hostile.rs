@@ -107,7 +107,8 @@ async fn maxdevices_limits_what_is_exposed() {
     let server = api_server().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
-    cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo"]).unwrap();
+    cfg.embedded_handlers =
+        steward_agent::embedded_handlers(&["debug-echo"], &Default::default()).unwrap();
     let agent = start_agent(cfg);
     let mut c = configuration(
         "many",
@@ -133,7 +134,8 @@ async fn garbage_speaking_handler_goes_offline_and_the_agent_lives_on() {
     let server = api_server().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
-    cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo"]).unwrap();
+    cfg.embedded_handlers =
+        steward_agent::embedded_handlers(&["debug-echo"], &Default::default()).unwrap();
     let agent = start_agent(cfg);
     // A "handler" that answers every connection with junk bytes.
     let junk_sock = dir.path().join("junk.sock");

@@ -221,7 +221,8 @@ async fn malformed_details_set_a_condition_and_an_event_while_others_go_on() {
     let server = api_server().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config("node-a", dir.path(), Mode::Kubernetes(server.client()));
-    cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo"]).unwrap();
+    cfg.embedded_handlers =
+        steward_agent::embedded_handlers(&["debug-echo"], &Default::default()).unwrap();
     let agent = start_agent(cfg);
     create_configuration(
         &server,

@@ -41,7 +41,8 @@ async fn instances_from_a_yaml_file_land_in_the_embedded_store() {
             configurations_file: file.clone(),
         },
     );
-    cfg.embedded_handlers = steward_agent::embedded_handlers(&["debug-echo"]).unwrap();
+    cfg.embedded_handlers =
+        steward_agent::embedded_handlers(&["debug-echo"], &Default::default()).unwrap();
     let agent = start_agent(cfg.clone());
     eventually("two local instances", WAIT, || async {
         (gauge(&agent.metrics_text(), "default/local") == Some(2)

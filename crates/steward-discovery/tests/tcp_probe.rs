@@ -1,4 +1,6 @@
-//! tcp-probe against real listeners on loopback addresses 127.0.0.2-4.
+//! tcp-probe against real listeners on loopback addresses 127.0.0.1-4:
+//! refused by default (a Configuration's author must not reach the node's
+//! own services), probed where the node's operator allows loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 mod common;
@@ -7,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::*;
-use steward_discovery::handlers::network::{self, TcpProbe};
+use steward_discovery::handlers::network::{self, ProbeScope, TcpProbe};
 use steward_discovery::{DiscoverRequest, DiscoveryError, DiscoveryHandler};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -45,6 +47,12 @@ fn addr(a: &str, port: u16) -> SocketAddr {
     SocketAddr::new(a.parse::<IpAddr>().unwrap(), port)
 }
 
+/// The handler as a node whose operator allows probing loopback
+/// (`--tcp-probe-allow-cidr=127.0.0.0/8`) runs it.
+fn loopback_allowed() -> TcpProbe {
+    TcpProbe::with_scope(ProbeScope::new(["127.0.0.0/8".parse().unwrap()]))
+}
+
 #[tokio::test]
 async fn finds_peers_drops_closed_ones_and_checks_banners() {
     init_tracing();
@@ -53,7 +61,7 @@ async fn finds_peers_drops_closed_ones_and_checks_banners() {
     let b = greeter(listeners.pop().unwrap(), b"RTSP/1.0 200 OK\r\n"); // 127.0.0.3
     let a = greeter(listeners.pop().unwrap(), b"RTSP/1.0 200 OK\r\n"); // 127.0.0.2
 
-    let handler = TcpProbe::new();
+    let handler = loopback_allowed();
     assert!(handler.shared());
 
     // Without a banner check every listener is a device.
@@ -137,4 +145,64 @@ async fn refuses_oversized_subnets() {
         Err(e) => panic!("wrong error {e}"),
         Ok(_) => panic!("a /16 was accepted"),
     }
+}
+
+/// A Configuration naming the node's own loopback service (the attack): by
+/// default it is refused before anything is probed, and the service sees no
+/// connection; where the operator allows loopback, the service is found.
+#[tokio::test]
+async fn loopback_services_are_not_probed_unless_the_operator_allows_them() {
+    init_tracing();
+    let service = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = service.local_addr().unwrap().port();
+    let attacks = [
+        format!("{{targets: [127.0.0.1], ports: [{port}], interval: 100ms, timeout: 300ms}}"),
+        format!("{{targets: ['127.0.0.0/30'], ports: [{port}], interval: 100ms, timeout: 300ms}}"),
+        format!(
+            "{{targets: ['::ffff:127.0.0.1'], ports: [{port}], interval: 100ms, timeout: 300ms}}"
+        ),
+        format!(
+            "{{targets: [10.255.255.1, 0.0.0.0], ports: [{port}], interval: 100ms, timeout: 300ms}}"
+        ),
+    ];
+    for details in &attacks {
+        match TcpProbe::new().discover(DiscoverRequest::new(details.clone())) {
+            Err(DiscoveryError::InvalidDetails(msg)) => {
+                assert!(msg.starts_with("tcp-probe: targets["), "{msg}");
+                assert!(
+                    msg.contains("does not probe") && msg.contains("--tcp-probe-allow-cidr"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("{details}: wrong error {e}"),
+            Ok(_) => panic!("{details}: a node-local target was accepted"),
+        }
+    }
+    // Nothing connected: no probe round ever ran.
+    let accepted = tokio::time::timeout(Duration::from_millis(700), service.accept()).await;
+    assert!(
+        accepted.is_err(),
+        "the loopback service was connected to: {accepted:?}"
+    );
+
+    // The operator allows loopback: the same Configuration finds the service.
+    let greeter = greeter(service, b"hello\r\n");
+    let mut found = loopback_allowed()
+        .discover(DiscoverRequest::new(attacks[0].clone()))
+        .unwrap();
+    assert_eq!(
+        ids(&next_list(&mut found, 10).await),
+        [format!("tcp://127.0.0.1:{port}")]
+    );
+    // An allowance of one address does not open the rest of loopback.
+    let one = TcpProbe::with_scope(ProbeScope::new(["127.0.0.1".parse().unwrap()]));
+    assert!(
+        one.discover(DiscoverRequest::new(attacks[0].clone()))
+            .is_ok()
+    );
+    assert!(matches!(
+        one.discover(DiscoverRequest::new(attacks[1].clone())),
+        Err(DiscoveryError::InvalidDetails(_))
+    ));
+    greeter.abort();
 }

@@ -89,6 +89,11 @@ pub struct AgentArgs {
     /// handlers must register unix sockets.
     #[arg(long = "network-handler-cidr", value_name = "CIDR")]
     network_handler_cidrs: Vec<steward_discovery::policy::Cidr>,
+    /// Addresses in refused ranges such as loopback and link-local that the
+    /// tcp-probe handler may probe on this node (CIDR, e.g. 127.0.0.1/32;
+    /// repeat for several). Default: none, whatever a Configuration names.
+    #[arg(long = "tcp-probe-allow-cidr", value_name = "CIDR")]
+    tcp_probe_allow_cidrs: Vec<steward_discovery::policy::Cidr>,
     /// Also serve the devices through Dynamic Resource Allocation as the
     /// driver steward.dev: publish them as resource.k8s.io/v1 ResourceSlices
     /// (one device per slot) and serve the DRA kubelet plugin
@@ -193,7 +198,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .map(String::as_str)
         .filter(|n| !n.is_empty())
         .collect();
-    cfg.embedded_handlers = steward_agent::embedded_handlers(&names)?;
+    let handler_options = steward_discovery::handlers::HandlerOptions {
+        tcp_probe: steward_discovery::handlers::network::ProbeScope::new(
+            args.tcp_probe_allow_cidrs,
+        ),
+    };
+    if !handler_options.tcp_probe.allowed().is_empty() {
+        tracing::info!(allowed = ?handler_options.tcp_probe.allowed(), "tcp-probe may probe these node-local addresses");
+    }
+    cfg.embedded_handlers = steward_agent::embedded_handlers(&names, &handler_options)?;
     cfg.network_handler_cidrs = args.network_handler_cidrs;
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;

@@ -53,6 +53,7 @@ const VALUE_SETS: &[&[&str]] = &[
         "agent.embeddedHandlers={debug-echo}",
         "discoveryHandlers.udev.enabled=true",
         "discoveryHandlers.tcpProbe.enabled=true",
+        "discoveryHandlers.tcpProbe.allowCidrs={127.0.0.1/32,fe80::/10}",
         "agent.podResources.groupId=472",
         "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
     ],
@@ -245,6 +246,7 @@ fn chart_options_reach_the_command_lines_with(t: &KubeTools) {
                 &transport,
                 "agent.podResources.groupId=472",
                 "agent.networkHandlerCidrs={10.0.0.0/8,fd00::/8}",
+                "discoveryHandlers.tcpProbe.allowCidrs={127.0.0.1/32,fe80::/10}",
             ],
         );
         let args_of = |ds: &str| -> Vec<String> {
@@ -273,7 +275,42 @@ fn chart_options_reach_the_command_lines_with(t: &KubeTools) {
                 "{agent:?}"
             );
         }
+        // tcp-probe is embedded by default: the agent gets its allowance.
+        for cidr in ["127.0.0.1/32", "fe80::/10"] {
+            assert!(
+                agent.contains(&format!("--tcp-probe-allow-cidr={cidr}")),
+                "{agent:?}"
+            );
+        }
         assert!(resmgr.contains(&"--cluster".to_owned()), "{resmgr:?}");
+    }
+    // tcp-probe as its own DaemonSet gets the allowance; the agent, which
+    // no longer embeds it, and the other handlers do not.
+    let objects = render(
+        t,
+        &[
+            "agent.embeddedHandlers={udev}",
+            "discoveryHandlers.tcpProbe.enabled=true",
+            "discoveryHandlers.debugEcho.enabled=true",
+            "discoveryHandlers.tcpProbe.allowCidrs={169.254.169.254/32}",
+        ],
+    );
+    let allow = "--tcp-probe-allow-cidr=169.254.169.254/32".to_owned();
+    for (ds, spec) in pod_specs(&objects) {
+        let args = strings(&spec["containers"][0]["args"]);
+        assert_eq!(
+            args.contains(&allow),
+            ds == "t-steward-tcp-probe",
+            "{ds}: {args:?}"
+        );
+    }
+    // By default no node-local address is allowed.
+    for (ds, spec) in pod_specs(&render(t, &[])) {
+        let args = strings(&spec["containers"][0]["args"]);
+        assert!(
+            !args.iter().any(|a| a.starts_with("--tcp-probe-allow-cidr")),
+            "{ds}: {args:?}"
+        );
     }
     // Without CDI the agent is told so, which it accepts (empty: no CDI).
     let objects = render(t, &["agent.cdi.enabled=false"]);
@@ -548,6 +585,10 @@ fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
         (
             "agent.networkHandlerCidrs={10.0.0.0}",
             "/agent/networkHandlerCidrs/0",
+        ),
+        (
+            "discoveryHandlers.tcpProbe.allowCidrs={metadata.internal}",
+            "/discoveryHandlers/tcpProbe/allowCidrs/0",
         ),
     ] {
         let out = run_helm(t, "template", &[set]);
@@ -1006,4 +1047,89 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
             assert_eq!(ingress[1]["ports"][0]["port"], "metrics");
         }
     }
+}
+
+#[test]
+fn each_component_mounts_only_what_it_writes() {
+    kube_tools::each_blocking(each_component_mounts_only_what_it_writes_with);
+}
+
+/// SECURITY.md, "Read-only where nothing is written": a discovery handler
+/// DaemonSet mounts the discovery sockets' directory, never the agent's
+/// whole state directory (its store, the resource manager's cache); the
+/// agent registers handlers there; the resource manager's cgroup tree is
+/// read-only unless block I/O classes are turned on.
+fn each_component_mounts_only_what_it_writes_with(t: &KubeTools) {
+    let objects = render(
+        t,
+        &[
+            "discoveryHandlers.debugEcho.enabled=true",
+            "resourceManager.enabled=true",
+        ],
+    );
+    let pods = pod_specs(&objects);
+    let spec = |name: &str| {
+        pods.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("no DaemonSet {name}"))
+    };
+    let handler = spec("t-steward-debug-echo");
+    let mounts = host_mounts(handler);
+    assert_eq!(
+        mounts,
+        vec![
+            [
+                "discovery",
+                "/var/lib/steward/discovery",
+                "/var/lib/steward/discovery",
+                "DirectoryOrCreate"
+            ]
+            .map(String::from)
+        ],
+        "the handler mounts the discovery sockets only"
+    );
+    let args = strings(&handler["containers"][0]["args"]);
+    for want in [
+        "--agent-socket=/var/lib/steward/discovery/registration.sock",
+        "--listen=/var/lib/steward/discovery/debug-echo.sock",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    let agent = strings(&spec("t-steward-agent")["containers"][0]["args"]);
+    assert!(
+        agent
+            .contains(&"--registration-socket=/var/lib/steward/discovery/registration.sock".into()),
+        "{agent:?}"
+    );
+
+    let cgroup_read_only = |objects: &[Value]| {
+        let pods = pod_specs(objects);
+        let (_, rm) = pods
+            .iter()
+            .find(|(n, _)| n == "t-steward-nri-plugin")
+            .expect("the NRI plugin DaemonSet");
+        rm["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "cgroup")
+            .map(|m| m["readOnly"].as_bool().unwrap_or(false))
+            .expect("the cgroup mount")
+    };
+    assert!(
+        cgroup_read_only(&objects),
+        "cgroup tree writable by default"
+    );
+    let blockio = render(
+        t,
+        &[
+            "resourceManager.enabled=true",
+            "resourceManager.blockIOClasses=true",
+        ],
+    );
+    assert!(
+        !cgroup_read_only(&blockio),
+        "block I/O classes need it writable"
+    );
 }

@@ -88,6 +88,11 @@ struct DiscoveryHandlerArgs {
     /// Register as shared (devices visible from several nodes). Defaults to the handler's own choice.
     #[arg(long)]
     shared: Option<bool>,
+    /// Addresses in refused ranges such as loopback and link-local that the
+    /// tcp-probe handler may probe on this node (CIDR, e.g. 127.0.0.1/32;
+    /// repeat for several). Default: none, whatever a Configuration names.
+    #[arg(long = "tcp-probe-allow-cidr", value_name = "CIDR")]
+    tcp_probe_allow_cidrs: Vec<steward_discovery::policy::Cidr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -107,7 +112,10 @@ fn main() -> ExitCode {
     };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a container's log (what
+        // `kubectl logs` shows and collectors parse) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().with_current_span(false).init(),
@@ -172,7 +180,13 @@ pub(crate) async fn shutdown_signal() {
 }
 
 async fn discovery_handler(args: DiscoveryHandlerArgs) -> anyhow::Result<()> {
-    use steward_discovery::handlers::{self, debug_echo};
+    use steward_discovery::handlers::{self, HandlerOptions, debug_echo, network};
+    let options = HandlerOptions {
+        tcp_probe: network::ProbeScope::new(args.tcp_probe_allow_cidrs),
+    };
+    if !options.tcp_probe.allowed().is_empty() {
+        tracing::info!(allowed = ?options.tcp_probe.allowed(), "tcp-probe may probe these node-local addresses");
+    }
     let handler: std::sync::Arc<dyn steward_discovery::DiscoveryHandler> =
         match (args.name.as_str(), args.shared) {
             (debug_echo::NAME, Some(shared)) => {
@@ -182,7 +196,7 @@ async fn discovery_handler(args: DiscoveryHandlerArgs) -> anyhow::Result<()> {
                 "--shared is only settable for {}; {name} decides itself",
                 debug_echo::NAME
             ),
-            (name, None) => handlers::by_name(name).with_context(|| {
+            (name, None) => handlers::by_name(name, &options).with_context(|| {
                 format!(
                     "unknown discovery handler {name:?} (built-in: {})",
                     handlers::NAMES.join(", ")

@@ -18,6 +18,28 @@
 //! (IPv6 in brackets) and properties `TCP_PROBE_ADDRESS` and `TCP_PROBE_PORT`.
 //! The first round is always reported; later rounds only when the set of
 //! peers changed. Devices are shared: network peers are visible from many nodes.
+//!
+//! Node-local addresses are refused: a Configuration's author is trusted
+//! less than the node's operator, and the handler (embedded in the agent,
+//! on the host network) would otherwise reach what only the node should:
+//! its own loopback services, the cloud metadata service. A target that
+//! is, or whose CIDR holds, an address in one of these ranges makes the
+//! whole Configuration invalid, and nothing is probed:
+//!
+//! | class       | IPv4               | IPv6        |
+//! |-------------|--------------------|-------------|
+//! | loopback    | 127.0.0.0/8        | ::1/128     |
+//! | unspecified | 0.0.0.0/8          | ::/128      |
+//! | link-local  | 169.254.0.0/16     | fe80::/10   |
+//! | multicast   | 224.0.0.0/4        | ff00::/8    |
+//! | broadcast   | 255.255.255.255/32 |             |
+//!
+//! IPv4-mapped IPv6 addresses (`::ffff:127.0.0.1`) count as the IPv4
+//! address they map. The node's operator may allow addresses in these
+//! ranges with `--tcp-probe-allow-cidr` (repeatable; chart value
+//! `discoveryHandlers.tcpProbe.allowCidrs`), given to the agent that embeds
+//! the handler or to `steward discovery-handler tcp-probe`: see
+//! [`ProbeScope`]. Other addresses are not limited by the scope.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -31,6 +53,7 @@ use tokio::net::TcpStream;
 
 use crate::duration::parse_duration;
 use crate::handlers::parse_details;
+use crate::policy::Cidr;
 use crate::{Device, DeviceStream, DiscoverRequest, DiscoveryError, DiscoveryHandler};
 
 /// Registered name.
@@ -92,8 +115,120 @@ fn invalid(msg: String) -> DiscoveryError {
     DiscoveryError::InvalidDetails(format!("{NAME}: {msg}"))
 }
 
-/// Parses and bounds `details` into a probe plan.
-pub fn plan(details: &str) -> Result<ProbePlan, DiscoveryError> {
+/// A class of node-local addresses the handler refuses unless the node's
+/// operator allows them (see the module doc for the ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeLocal {
+    /// 127.0.0.0/8, ::1/128: the node's own services.
+    Loopback,
+    /// 0.0.0.0/8, ::/128 (Linux connects 0.0.0.0 to the node itself).
+    Unspecified,
+    /// 169.254.0.0/16, fe80::/10 (cloud metadata services among them).
+    LinkLocal,
+    /// 224.0.0.0/4, ff00::/8.
+    Multicast,
+    /// 255.255.255.255/32.
+    Broadcast,
+}
+
+impl NodeLocal {
+    /// The class of `ip`, if it is node-local; an IPv4-mapped IPv6 address
+    /// is classed as the IPv4 address it maps.
+    pub fn of(ip: IpAddr) -> Option<Self> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match ip {
+            IpAddr::V4(v4) => {
+                if v4.is_loopback() {
+                    Some(Self::Loopback)
+                } else if v4.octets()[0] == 0 {
+                    Some(Self::Unspecified)
+                } else if v4.is_link_local() {
+                    Some(Self::LinkLocal)
+                } else if v4.is_multicast() {
+                    Some(Self::Multicast)
+                } else if v4.is_broadcast() {
+                    Some(Self::Broadcast)
+                } else {
+                    None
+                }
+            }
+            IpAddr::V6(v6) => {
+                if v6.is_loopback() {
+                    Some(Self::Loopback)
+                } else if v6.is_unspecified() {
+                    Some(Self::Unspecified)
+                } else if v6.is_unicast_link_local() {
+                    Some(Self::LinkLocal)
+                } else if v6.is_multicast() {
+                    Some(Self::Multicast)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// "a loopback address", "an unspecified address", ...
+    fn described(self) -> &'static str {
+        match self {
+            Self::Loopback => "a loopback address",
+            Self::Unspecified => "an unspecified address",
+            Self::LinkLocal => "a link-local address",
+            Self::Multicast => "a multicast address",
+            Self::Broadcast => "a broadcast address",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Loopback => "loopback",
+            Self::Unspecified => "unspecified",
+            Self::LinkLocal => "link-local",
+            Self::Multicast => "multicast",
+            Self::Broadcast => "broadcast",
+        })
+    }
+}
+
+/// Which node-local addresses this node lets the handler probe: the
+/// operator's setting (`--tcp-probe-allow-cidr`), never a Configuration's.
+/// The default allows none of them; addresses outside the [`NodeLocal`]
+/// ranges are never limited by it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeScope {
+    allowed: Vec<Cidr>,
+}
+
+impl ProbeScope {
+    /// A scope that also allows the node-local addresses inside `allowed`.
+    pub fn new(allowed: impl IntoIterator<Item = Cidr>) -> Self {
+        Self {
+            allowed: allowed.into_iter().collect(),
+        }
+    }
+
+    /// The operator's allowed networks.
+    pub fn allowed(&self) -> &[Cidr] {
+        &self.allowed
+    }
+
+    /// Whether `ip` may be probed; if not, the node-local class it is in.
+    pub fn check(&self, ip: IpAddr) -> Result<(), NodeLocal> {
+        match NodeLocal::of(ip) {
+            Some(class) if !self.allowed.iter().any(|net| net.contains(ip)) => Err(class),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parses and bounds `details` into a probe plan; every address must be
+/// inside `scope`.
+pub fn plan(details: &str, scope: &ProbeScope) -> Result<ProbePlan, DiscoveryError> {
     let d: Details = parse_details(NAME, details)?;
     if d.targets.is_empty() {
         return Err(invalid("targets must not be empty".into()));
@@ -119,6 +254,19 @@ pub fn plan(details: &str) -> Result<ProbePlan, DiscoveryError> {
     let mut addresses = BTreeSet::new();
     for (i, target) in d.targets.iter().enumerate() {
         let expanded = expand_target(target).map_err(|e| invalid(format!("targets[{i}]: {e}")))?;
+        for address in &expanded {
+            if let Err(class) = scope.check(*address) {
+                let target = target.trim();
+                let what = if target.parse::<IpAddr>().is_ok() {
+                    format!("{address} is {}", class.described())
+                } else {
+                    format!("{target} holds {address}, {}", class.described())
+                };
+                return Err(invalid(format!(
+                    "targets[{i}]: {what}, which this node does not probe (its operator may allow it with --tcp-probe-allow-cidr)"
+                )));
+            }
+        }
         addresses.extend(expanded);
     }
     let ports: BTreeSet<u16> = d.ports.iter().copied().collect();
@@ -307,11 +455,24 @@ pub fn peer_device(peer: &SocketAddr) -> Device {
 
 /// The tcp-probe handler (always shared).
 #[derive(Debug, Clone, Default)]
-pub struct TcpProbe;
+pub struct TcpProbe {
+    scope: ProbeScope,
+}
 
 impl TcpProbe {
+    /// The handler with the default scope: no node-local address is probed.
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// The handler probing node-local addresses only inside `scope`.
+    pub fn with_scope(scope: ProbeScope) -> Self {
+        Self { scope }
+    }
+
+    /// What it may probe on this node.
+    pub fn scope(&self) -> &ProbeScope {
+        &self.scope
     }
 }
 
@@ -325,7 +486,7 @@ impl DiscoveryHandler for TcpProbe {
     }
 
     fn discover(&self, req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
-        let plan = Arc::new(plan(&req.details)?);
+        let plan = Arc::new(plan(&req.details, &self.scope)?);
         tracing::debug!(probes = plan.peers.len(), interval = ?plan.interval, "{NAME}: discovering");
         let state: (Arc<ProbePlan>, Option<BTreeSet<SocketAddr>>) = (plan, None);
         let stream = futures::stream::unfold(state, |(plan, mut last)| async move {
@@ -377,9 +538,13 @@ mod tests {
         assert!(expand_target("10.0.0.0/x").is_err());
     }
 
+    fn loopback_allowed() -> ProbeScope {
+        ProbeScope::new(["127.0.0.0/8".parse().unwrap()])
+    }
+
     #[test]
     fn plan_validates_details() {
-        let p = plan("{targets: ['127.0.0.0/29', 127.0.0.3], ports: [80, 80, 81], interval: 2s, timeout: 200ms, expect: RTSP}").unwrap();
+        let p = plan("{targets: ['127.0.0.0/29', 127.0.0.3], ports: [80, 80, 81], interval: 2s, timeout: 200ms, expect: RTSP}", &loopback_allowed()).unwrap();
         assert_eq!(p.peers.len(), 12);
         assert_eq!(p.interval, Duration::from_secs(2));
         assert_eq!(p.timeout, Duration::from_millis(200));
@@ -399,11 +564,171 @@ mod tests {
             "ports: [1]",
             "[not, a, map]",
         ] {
-            match plan(bad) {
+            match plan(bad, &ProbeScope::default()) {
                 Err(DiscoveryError::InvalidDetails(m)) => assert!(m.starts_with(NAME), "{m}"),
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
+    }
+
+    /// A Configuration's author names node-local addresses: refused by
+    /// default, with the target, the address and its class named; probed
+    /// only where the operator allows them.
+    #[test]
+    fn node_local_targets_are_refused_unless_the_operator_allows_them() {
+        for (target, address, class, allow) in [
+            ("127.0.0.1", "127.0.0.1", "a loopback", "127.0.0.0/8"),
+            ("127.1.2.3", "127.1.2.3", "a loopback", "127.1.2.3"),
+            (
+                "169.254.169.254",
+                "169.254.169.254",
+                "a link-local",
+                "169.254.169.254/32",
+            ),
+            ("::1", "::1", "a loopback", "::1"),
+            ("fe80::1", "fe80::1", "a link-local", "fe80::/10"),
+            ("0.0.0.0", "0.0.0.0", "an unspecified", "0.0.0.0/8"),
+            ("0.1.2.3", "0.1.2.3", "an unspecified", "0.0.0.0/8"),
+            ("::", "::", "an unspecified", "::/128"),
+            ("224.0.0.1", "224.0.0.1", "a multicast", "224.0.0.0/4"),
+            ("ff02::1", "ff02::1", "a multicast", "ff00::/8"),
+            (
+                "255.255.255.255",
+                "255.255.255.255",
+                "a broadcast",
+                "255.255.255.255",
+            ),
+            // The IPv4 address it maps, however it is written.
+            (
+                "::ffff:127.0.0.1",
+                "::ffff:127.0.0.1",
+                "a loopback",
+                "127.0.0.0/8",
+            ),
+            (
+                "::ffff:169.254.169.254",
+                "::ffff:169.254.169.254",
+                "a link-local",
+                "169.254.0.0/16",
+            ),
+            // A CIDR overlapping a refused range, from either side.
+            ("127.0.0.0/30", "127.0.0.1", "a loopback", "127.0.0.0/8"),
+            ("127.0.0.0/31", "127.0.0.0", "a loopback", "127.0.0.0/24"),
+            (
+                "169.254.169.0/24",
+                "169.254.169.1",
+                "a link-local",
+                "169.254.0.0/16",
+            ),
+            ("::/120", "::", "an unspecified", "::/120"),
+            (
+                "::ffff:127.0.0.0/126",
+                "::ffff:127.0.0.0",
+                "a loopback",
+                "127.0.0.0/8",
+            ),
+        ] {
+            let details = format!("{{targets: [10.0.0.1, '{target}'], ports: [80]}}");
+            match plan(&details, &ProbeScope::default()) {
+                Err(DiscoveryError::InvalidDetails(m)) => {
+                    let what = if target == address {
+                        format!("{address} is {class} address")
+                    } else {
+                        format!("{target} holds {address}, {class} address")
+                    };
+                    assert_eq!(
+                        m,
+                        format!(
+                            "tcp-probe: targets[1]: {what}, which this node does not probe (its operator may allow it with --tcp-probe-allow-cidr)"
+                        )
+                    );
+                }
+                other => panic!("{target}: {other:?}"),
+            }
+            // An unrelated allowance does not help.
+            assert!(
+                plan(&details, &ProbeScope::new(["10.0.0.0/8".parse().unwrap()])).is_err(),
+                "{target}"
+            );
+            let scope = ProbeScope::new(["192.0.2.0/24".parse().unwrap(), allow.parse().unwrap()]);
+            let p = plan(&details, &scope).unwrap_or_else(|e| panic!("{target} with {allow}: {e}"));
+            let want: IpAddr = address.parse().unwrap();
+            assert!(
+                p.peers.iter().any(|peer| peer.ip() == want),
+                "{target}: {p:?}"
+            );
+        }
+        // The exact message for the plain case.
+        let e = plan(
+            "{targets: [127.0.0.1], ports: [22]}",
+            &ProbeScope::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "tcp-probe: targets[0]: 127.0.0.1 is a loopback address, which this node does not probe (its operator may allow it with --tcp-probe-allow-cidr)"
+            ),
+            "{e}"
+        );
+        // Allowing one address leaves the rest of its range refused.
+        let one = ProbeScope::new(["127.0.0.2".parse().unwrap()]);
+        assert!(plan("{targets: [127.0.0.2], ports: [22]}", &one).is_ok());
+        assert!(plan("{targets: ['127.0.0.0/30'], ports: [22]}", &one).is_err());
+        assert!(
+            plan(
+                "{targets: [169.254.169.254], ports: [80]}",
+                &loopback_allowed()
+            )
+            .is_err()
+        );
+        // The handler carries its scope into `discover`.
+        assert!(
+            TcpProbe::new()
+                .discover(DiscoverRequest::new(
+                    "{targets: [169.254.169.254], ports: [80]}"
+                ))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn ordinary_addresses_are_probed_by_default() {
+        let p = plan(
+            "{targets: [10.0.0.1, '192.168.1.0/24', 'fd00::/120', '2001:db8::7', 172.16.0.1, 8.8.8.8], ports: [80]}",
+            &ProbeScope::default(),
+        )
+        .unwrap();
+        assert_eq!(p.peers.len(), 1 + 254 + 256 + 3);
+        for ip in [
+            "10.0.0.1",
+            "192.168.1.1",
+            "fd00::1",
+            "::ffff:10.0.0.1",
+            "1.0.0.0",
+            "223.255.255.255",
+            "fec0::1",
+            "fe7f::1",
+            "feff::1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            // fe80::/10 is fe80:: to febf::; fec0::1 and feff::1 lie outside.
+            assert_eq!(ProbeScope::default().check(ip), Ok(()), "{ip}");
+        }
+        for (ip, class) in [
+            ("127.255.255.255", NodeLocal::Loopback),
+            ("0.255.255.255", NodeLocal::Unspecified),
+            ("169.254.0.0", NodeLocal::LinkLocal),
+            ("febf:ffff::1", NodeLocal::LinkLocal),
+            ("239.255.255.255", NodeLocal::Multicast),
+            ("ffff::1", NodeLocal::Multicast),
+            ("255.255.255.255", NodeLocal::Broadcast),
+            ("::ffff:0.0.0.0", NodeLocal::Unspecified),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ProbeScope::default().check(ip), Err(class), "{ip}");
+            assert_eq!(NodeLocal::of(ip), Some(class), "{ip}");
+        }
+        assert_eq!(NodeLocal::LinkLocal.to_string(), "link-local");
     }
 
     #[test]

@@ -69,9 +69,19 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/*
+The directory of discovery sockets: the agent's registration socket and each
+handler DaemonSet's own socket. The only part of the state directory a
+handler mounts (the agent's store and the resource manager's cache stay out
+of its reach).
+*/}}
+{{- define "steward.discoveryDir" -}}
+{{ .Values.stateDir }}/discovery
+{{- end -}}
+
 {{/* The agent's registration socket, where discovery handlers register. */}}
 {{- define "steward.registrationSocket" -}}
-{{ .Values.stateDir }}/registration.sock
+{{ include "steward.discoveryDir" . }}/registration.sock
 {{- end -}}
 
 {{/* The resource manager's pod resources socket (either transport), followed by the agent. */}}
