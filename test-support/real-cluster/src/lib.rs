@@ -15,6 +15,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use steward_api::{Configuration, Instance};
 
+/// The label on every namespace a story creates (`Cluster::namespace`).
+const TEST_LABEL: &str = "steward.dev/real-cluster-story=true";
+
 /// The busybox image every node's containerd holds (scripts/build-images.sh).
 pub const BUSYBOX: &str = "steward.local/busybox:latest";
 
@@ -98,7 +101,31 @@ impl Cluster {
                 .unwrap_or(0)
         );
         let api: Api<Namespace> = Api::all(self.client.clone());
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        // Every story starts on a cluster the previous one has left: its
+        // namespace (pods, exclusive CPUs, slots) is gone, even when its
+        // deletion outlived the guard's wait. Otherwise a pod of the
+        // previous story could hold the CPU or slot this one needs, and the
+        // runtime's refusals would put this one's containers in kubelet's
+        // back-off.
+        let labelled = ListParams::default().labels(TEST_LABEL);
+        let left = eventually(
+            "the previous stories' namespaces gone",
+            Duration::from_secs(180),
+            || {
+                let api = api.clone();
+                let labelled = labelled.clone();
+                async move {
+                    let list = api.list(&labelled).await.ok()?;
+                    list.items.is_empty().then_some(())
+                }
+            },
+        );
+        left.await;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {
+            "name": name,
+            "labels": {TEST_LABEL.split_once('=').unwrap().0: "true"},
+        }}))
+        .unwrap();
         api.create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
