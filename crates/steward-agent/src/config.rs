@@ -11,6 +11,7 @@ use steward_discovery::handlers::HandlerOptions;
 use steward_discovery::policy::Cidr;
 
 use crate::AgentError;
+use crate::host_paths::HostPathPolicy;
 use crate::metrics::AgentMetrics;
 
 /// Where Configurations come from and where Instances go.
@@ -113,6 +114,11 @@ pub struct AgentConfig {
     /// Serve the DRA kubelet plugin on the device plugins' slot ledger
     /// (needs `device_plugins`; [`crate::dra::kubelet`]).
     pub dra_plugin: Option<crate::dra::DraPluginConfig>,
+    /// The node operator's rule for the host paths of Allocate answers and
+    /// CDI specs ([`crate::host_paths`]); this agent's own, whatever other
+    /// agents in the process hold. Default: [`HostPathPolicy::default`]
+    /// (devices under `/dev/`, no mounts, no block devices).
+    pub host_paths: HostPathPolicy,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -140,6 +146,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("select_by_node_labels", &self.select_by_node_labels)
             .field("dra_layout", &self.dra_layout)
             .field("dra_plugin", &self.dra_plugin)
+            .field("host_paths", &self.host_paths)
             .finish()
     }
 }
@@ -172,6 +179,7 @@ impl AgentConfig {
             select_by_node_labels: false,
             dra_layout: steward_core::dra::Layout::PerSlot,
             dra_plugin: None,
+            host_paths: HostPathPolicy::default(),
         }
     }
 

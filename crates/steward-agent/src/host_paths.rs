@@ -22,12 +22,16 @@
 //!
 //! The resolved path is what the container is given, so a link changed
 //! after the check does not redirect it.
+//!
+//! The policy is configuration of one agent, not of the process: it is
+//! [`crate::AgentConfig::host_paths`], carried into the slot keeper
+//! (Allocate) and the device plugins' CDI specs, so two agents in one
+//! process may hold different ones.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{LazyLock, OnceLock};
 
 use steward_api::{InstanceDeviceSpec, InstanceMount};
 
@@ -90,13 +94,11 @@ pub enum HostPathRefused {
     },
 }
 
-/// Errors setting the node's policy.
+/// Errors building a policy.
 #[derive(Debug, thiserror::Error)]
 pub enum HostPathPolicyError {
     #[error("allowed host path prefix {0:?} is not an absolute path without `..`")]
     BadPrefix(String),
-    #[error("the node's host path policy is already set")]
-    AlreadySet,
 }
 
 /// The node's host path policy (see the module documentation).
@@ -352,26 +354,6 @@ impl HostPathPolicy {
             .collect::<Result<Vec<_>, HostPathRefused>>()?;
         Ok((mounts, devices))
     }
-}
-
-static DEFAULT_POLICY: LazyLock<HostPathPolicy> = LazyLock::new(HostPathPolicy::default);
-static NODE_POLICY: OnceLock<HostPathPolicy> = OnceLock::new();
-
-/// Sets the node's policy, once per process (the `steward agent` command
-/// does, from its flags, before the agent starts). Setting the same policy
-/// again is fine.
-pub fn set_node_policy(policy: HostPathPolicy) -> Result<(), HostPathPolicyError> {
-    let set = NODE_POLICY.get_or_init(|| policy.clone());
-    if *set == policy {
-        Ok(())
-    } else {
-        Err(HostPathPolicyError::AlreadySet)
-    }
-}
-
-/// The node's policy: the one set, else [`HostPathPolicy::default`].
-pub fn node_policy() -> &'static HostPathPolicy {
-    NODE_POLICY.get().unwrap_or(&DEFAULT_POLICY)
 }
 
 #[cfg(test)]

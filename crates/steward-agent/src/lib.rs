@@ -267,6 +267,7 @@ fn device_plugins(
         events: Some(events),
         with_core: Vec::new(),
         extended_through_dra: cfg.dra_plugin.is_some() && cfg.dra_slices,
+        host_paths: cfg.host_paths.clone(),
     };
     if let Some(dra) = cfg.dra_plugin.clone() {
         let (client, readiness) = (client.clone(), cfg.readiness.clone());

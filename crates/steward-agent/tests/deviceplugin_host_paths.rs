@@ -3,6 +3,8 @@
 //! is the Configuration author's to write) is refused by Allocate and left
 //! out of the CDI spec under the node's own policy (the default: devices
 //! under /dev/, no mounts), while a normal Instance beside it is served.
+//! The policy is each agent's own (`AgentConfig::host_paths`): two agents
+//! in one process apply their own to the same Instance.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dp;
@@ -13,6 +15,7 @@ use std::sync::Arc;
 use dp::*;
 use futures::StreamExt;
 use steward_agent::deviceplugin::{cdi_spec_path, socket_name};
+use steward_agent::host_paths::HostPathPolicy;
 use steward_core::discovery::{Device, Mount};
 use steward_discovery::{DeviceStream, DiscoverRequest, DiscoveryError, DiscoveryHandler};
 use steward_proto::deviceplugin::v1beta1::{
@@ -114,4 +117,115 @@ async fn an_instance_mounting_the_host_root_is_refused_and_a_normal_one_served()
     let bad_spec = std::fs::read_to_string(cdi_spec_path(&a.cdi, NS, "grab")).unwrap_or_default();
     assert!(!bad_spec.contains(&bad_name), "{bad_spec}");
     assert!(!bad_spec.contains("\"hostPath\": \"/\""), "{bad_spec}");
+}
+
+/// Reports one device (shared by every node running it) mounting the
+/// host's `/etc`, then stays quiet.
+struct EtcMount;
+
+impl DiscoveryHandler for EtcMount {
+    fn name(&self) -> &str {
+        "etc-mount"
+    }
+    fn shared(&self) -> bool {
+        true
+    }
+    fn discover(&self, _req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
+        let device = Device {
+            id: "etc".into(),
+            properties: BTreeMap::new(),
+            mounts: vec![Mount {
+                container_path: "/host-etc".into(),
+                host_path: "/etc".into(),
+                read_only: true,
+            }],
+            device_specs: vec![],
+        };
+        Ok(futures::stream::iter(vec![Ok(vec![device])])
+            .chain(futures::stream::pending())
+            .boxed())
+    }
+}
+
+/// One Instance mounting `/etc`, served by two agents in this process:
+/// node-a keeps the default policy (no mounts) and refuses its Allocate
+/// and leaves it out of its CDI spec; node-b's operator allowed mounts
+/// under /etc/, and node-b answers with the mount and puts it in its spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_in_one_process_apply_their_own_host_path_policies() {
+    let server = api_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    // node-b's host root: where its host's `/` is seen.
+    let host_b = dir.path().join("node-b-host");
+    std::fs::create_dir_all(host_b.join("etc")).unwrap();
+    let a = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let b = Node::start(dir.path(), "node-b", Some(server.client())).await;
+    let handlers = || -> Vec<Arc<dyn DiscoveryHandler>> { vec![Arc::new(EtcMount)] };
+    let cfg_a = a.agent_config(dir.path(), server.client(), handlers());
+    assert_eq!(cfg_a.host_paths, HostPathPolicy::default());
+    let mut cfg_b = b.agent_config(dir.path(), server.client(), handlers());
+    cfg_b.host_paths =
+        HostPathPolicy::new(&host_b, &["/dev/".into()], &["/etc/".into()], false).unwrap();
+    let _agent_a = Agent::start(cfg_a);
+    let _agent_b = Agent::start(cfg_b);
+    let mut etc = configuration("etc", "etc-mount", "", 2);
+    etc.spec.allowed_host_paths = vec!["/etc".into()];
+    create_configuration(&server, &etc).await;
+
+    let inst = instance_of(&server, "etc", &["node-a", "node-b"]).await;
+    assert_eq!(inst.spec.mounts[0].host_path, "/etc");
+    let name = inst.metadata.name.clone().unwrap();
+    let res = resource(&inst);
+    for node in [&a, &b] {
+        node.kubelet
+            .wait_for_resource(&res, |s| s.healthy.len() == 2, WAIT)
+            .await
+            .unwrap();
+    }
+
+    // node-a: refused under the default policy, nothing claimed.
+    let socket = a.root.join("device-plugins").join(socket_name(&name));
+    let mut client = DevicePluginClient::new(
+        steward_testing_kubelet::connect_unix(&socket)
+            .await
+            .unwrap(),
+    );
+    let err = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![format!("{name}-0")],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    let msg = err.message();
+    assert!(msg.contains("mount host path \"/etc\""), "{msg}");
+    assert!(msg.contains("allowed mount paths []"), "{msg}");
+    assert!(slot_claims(&server).await.is_empty());
+
+    // node-b: the same Instance is allocated, with the mount.
+    let admitted = b.kubelet.add_pod(pod("user", &res)).await.unwrap();
+    let answer = &admitted.responses["main"][&res];
+    assert_eq!(answer.mounts.len(), 1, "{answer:?}");
+    assert_eq!(answer.mounts[0].host_path, "/etc");
+    assert_eq!(answer.mounts[0].container_path, "/host-etc");
+    assert!(answer.mounts[0].read_only);
+    let slot = slot_of(&b.kubelet, &admitted.uid, &res).unwrap();
+    wait_bound(&server, &slot, &admitted.uid).await;
+
+    // CDI: in node-b's spec, left out of node-a's.
+    let spec_b = eventually("node-b's CDI spec with the device", WAIT, || async {
+        std::fs::read_to_string(cdi_spec_path(&b.cdi, NS, "etc"))
+            .ok()
+            .filter(|s| s.contains(&name))
+    })
+    .await;
+    assert!(spec_b.contains("\"hostPath\": \"/etc\""), "{spec_b}");
+    let spec_a = eventually("node-a's CDI spec", WAIT, || async {
+        std::fs::read_to_string(cdi_spec_path(&a.cdi, NS, "etc")).ok()
+    })
+    .await;
+    assert!(!spec_a.contains(&name), "{spec_a}");
+    assert!(!spec_a.contains("hostPath"), "{spec_a}");
 }

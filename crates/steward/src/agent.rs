@@ -160,7 +160,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )
     .context("--allowed-device-paths / --allowed-mount-paths")?;
     tracing::info!(policy = ?host_paths, "host path policy");
-    steward_agent::host_paths::set_node_policy(host_paths).context("host path policy")?;
     let device_plugins = (!args.standalone && !args.no_device_plugins).then(|| {
         let cdi = (!args.cdi_dir.as_os_str().is_empty()).then(|| args.cdi_dir.clone());
         let mut dp = DevicePluginConfig::new(&args.kubelet_dir, cdi);
@@ -208,6 +207,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     cfg.embedded_handlers = steward_agent::embedded_handlers(&names, &handler_options)?;
     cfg.network_handler_cidrs = args.network_handler_cidrs;
+    cfg.host_paths = host_paths;
     cfg.device_plugins = device_plugins;
     cfg.dra_slices = args.dra;
     cfg.follow_node_deletions = args.deleted_nodes == DeletedNodes::Agent;
@@ -311,6 +311,16 @@ mod tests {
         )
         .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, e))?;
         assert_eq!(policy, steward_agent::host_paths::HostPathPolicy::default());
+        // An agent configured without the flags (a test's) holds the same.
+        let cfg = AgentConfig::new(
+            "n",
+            "state",
+            "agent.sock",
+            Mode::Standalone {
+                configurations_file: PathBuf::from("configurations.yaml"),
+            },
+        );
+        assert_eq!(cfg.host_paths, policy);
         let set = Cli::try_parse_from([
             "agent",
             "--node-name",

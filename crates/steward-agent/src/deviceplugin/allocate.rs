@@ -146,7 +146,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
         let mut st = self.lock().await;
-        let edits = checked_edits(crate::host_paths::node_policy(), &st, req).inspect_err(|e| {
+        let edits = checked_edits(&self.host_paths, &st, req).inspect_err(|e| {
             tracing::warn!(devices = ?ids, error = %e.0.message(), "Allocate refused: host path outside the node's policy");
         })?;
         self.claim_durably(

@@ -250,26 +250,8 @@ pub fn spec(
 /// torn one) or, with no instances, removes the spec file of Configuration
 /// `configuration` of `namespace`. The file format 1 wrote for that
 /// Configuration name, if still there, is removed too. Host paths are
-/// checked against the node's policy ([`crate::host_paths::node_policy`]).
+/// checked against `policy` (the agent's own) as [`spec`] does.
 pub fn write(
-    dir: &Path,
-    namespace: &str,
-    configuration: &str,
-    instances: &[&ServedInstance],
-    broker: &BTreeMap<String, String>,
-) -> Result<(), CdiError> {
-    write_with(
-        crate::host_paths::node_policy(),
-        dir,
-        namespace,
-        configuration,
-        instances,
-        broker,
-    )
-}
-
-/// [`write`] under `policy`.
-pub fn write_with(
     policy: &HostPathPolicy,
     dir: &Path,
     namespace: &str,
@@ -309,7 +291,7 @@ mod tests {
         instances: &[&ServedInstance],
         broker: &BTreeMap<String, String>,
     ) -> Result<(), CdiError> {
-        write_with(
+        super::write(
             &HostPathPolicy::unchecked(),
             dir,
             namespace,
@@ -342,7 +324,7 @@ mod tests {
         }];
         let mut mem = instance("mem");
         mem.device_specs = vec![dev("/dev/mem")];
-        super::write_with(
+        super::write(
             &policy,
             dir.path(),
             "default",

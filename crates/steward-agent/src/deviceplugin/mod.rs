@@ -149,6 +149,9 @@ pub struct DevicePluginParts<L, C> {
     /// and their device plugins are not registered with kubelet (a node
     /// must not offer one extended resource both ways).
     pub(crate) extended_through_dra: bool,
+    /// The node's host path policy: every mount and device node of an
+    /// Allocate answer or a CDI spec is checked against it.
+    pub host_paths: crate::host_paths::HostPathPolicy,
 }
 
 /// A task given the slot keeper (weakly: it answers Unavailable once the
@@ -186,6 +189,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         events,
         with_core,
         extended_through_dra,
+        host_paths,
     } = parts;
     readiness.not_ready("device-plugins", "recovering the slot ledger");
     for dir in [Some(&config.plugin_dir), config.cdi_dir.as_ref()]
@@ -205,6 +209,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
         metrics.clone(),
         config.op_timeout,
         config.cdi_dir.is_some(),
+        host_paths,
     );
     let core = Arc::new(core.with_events(events));
     let podres = PodResourcesClient::new(&config.pod_resources_socket, config.op_timeout);
@@ -525,7 +530,8 @@ impl<L: ClaimStore, C: ClaimStore> Manager<L, C> {
                 .filter(|i| &i.config_key() == key)
                 .collect();
             let broker = self.broker.get(key).unwrap_or(&empty);
-            if let Err(e) = cdi::write(dir, &key.0, &key.1, &insts, broker) {
+            let policy = &self.core.host_paths;
+            if let Err(e) = cdi::write(policy, dir, &key.0, &key.1, &insts, broker) {
                 tracing::error!(namespace = %key.0, configuration = %key.1, error = %e, "writing CDI spec failed");
             }
         }

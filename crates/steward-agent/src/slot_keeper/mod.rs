@@ -39,6 +39,7 @@ pub use self::metrics::{ClaimOpLabels, DevicePluginMetrics, ResultLabels, SlotHe
 pub use self::names::{env_name, resource_name, socket_name};
 pub use self::state::State;
 use crate::claims::{ClaimError, ClaimStore};
+use crate::host_paths::HostPathPolicy;
 
 /// The node's slot keeper, shared by the device plugins and the DRA
 /// kubelet plugin.
@@ -49,6 +50,9 @@ pub struct SlotKeeper<L, C> {
     pub metrics: DevicePluginMetrics,
     op_timeout: Duration,
     pub(crate) cdi: bool,
+    /// The node's host path policy, checked by Allocate (and the device
+    /// plugins' CDI specs) before a mount or device node is handed out.
+    pub(crate) host_paths: HostPathPolicy,
     state: Mutex<State>,
     /// Poked after every successful Allocate, after a pod ended while
     /// claims await attribution, and after recovery with such claims: the
@@ -67,6 +71,7 @@ pub struct SlotKeeper<L, C> {
 
 impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     /// A core for `node` with an empty ledger (see [`SlotKeeper::recover`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         node: String,
         local: L,
@@ -75,6 +80,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         metrics: DevicePluginMetrics,
         op_timeout: Duration,
         cdi: bool,
+        host_paths: HostPathPolicy,
     ) -> (Self, mpsc::UnboundedReceiver<()>) {
         let (followup, rx) = mpsc::unbounded_channel();
         let core = Self {
@@ -91,6 +97,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
             metrics,
             op_timeout,
             cdi,
+            host_paths,
             followup,
             changed: Arc::new(tokio::sync::Notify::new()),
             generation: watch::channel(0).0,
