@@ -92,6 +92,14 @@ use std::time::Duration;
 pub use accept::{Listener, serve, serve_tls};
 pub use limits::Limits;
 pub use tls::{ClientAuth, PeerCertificates, TlsError, TlsFiles, TlsSource};
+
+/// The names of a certificate (DER): its subject's common names, then its
+/// DNS and URI subject alternative names; none for anything unexpected.
+/// What [`ClientAuth`] compares with the allowed names once the chain is
+/// verified; public so it can be fuzzed as the hostile input it reads.
+pub fn certificate_names(der: &[u8]) -> Vec<String> {
+    x509::names(der)
+}
 /// The TLS stack [`serve_tls`] uses (rustls with the ring provider), for
 /// callers building a [`TlsSource`] or a client of their own.
 pub use {rustls, rustls_pki_types, tokio_rustls};
