@@ -114,6 +114,8 @@ make_pki() {
   cert kube-proxy system:kube-proxy "" "" clientAuth
   cert extender-serving steward-extender "" \
     "IP:$EXTENDER_IP,DNS:steward-extender.steward-system.svc,DNS:localhost,IP:127.0.0.1" serverAuth
+  cert controller-decide steward-controller-decide "" \
+    "DNS:steward-controller-decide.steward-system.svc" serverAuth
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "" clientAuth
   local n
   for n in "${NODES[@]}"; do

@@ -862,6 +862,7 @@ async fn renewing_compares_candidates_as_a_set_and_survives_write_races() {
         shared_watch: true,
         leader: None,
         decide_token: None,
+        decide_trust: None,
     };
     let s = stand_opts(1, &[], false, cfg).await;
     let (_, body) = go_args(&s.api, "args-nodenames.json").await;

@@ -1133,3 +1133,155 @@ fn each_component_mounts_only_what_it_writes_with(t: &KubeTools) {
         "block I/O classes need it writable"
     );
 }
+
+#[test]
+fn decide_tls_reaches_the_controller_and_the_extender() {
+    kube_tools::each_blocking(decide_tls_reaches_the_controller_and_the_extender_with);
+}
+
+/// `controller.decide.tls`: the controller serves the decide port over
+/// HTTPS with the Secret's certificate and advertises `https://`; the
+/// extender verifies it with the Secret's ca.crt (only that key mounted)
+/// for the fixed name; both mounts read-only. Without a Secret it is
+/// refused; off (the default), nothing of it is rendered.
+fn decide_tls_reaches_the_controller_and_the_extender_with(t: &KubeTools) {
+    let base = [
+        "controller.enabled=true",
+        "extender.enabled=true",
+        "controller.decide.tls.enabled=true",
+    ];
+    let pod_spec = |objects: &[Value], name: &str| -> Value {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Deployment {name}"))["spec"]["template"]["spec"]
+            .clone()
+    };
+    let mut sets = base.to_vec();
+    sets.push("controller.decide.tls.secretName=x");
+    let objects = render(t, &sets);
+
+    let controller = deployment_container(&objects, "t-steward-controller");
+    let args = strings(&controller["args"]);
+    for want in [
+        "--decide-advertise=https://$(POD_IP):8444",
+        "--decide-tls-cert-file=/etc/steward/decide-tls/tls.crt",
+        "--decide-tls-key-file=/etc/steward/decide-tls/tls.key",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    assert_eq!(
+        controller["volumeMounts"],
+        serde_json::json!([
+            {"name": "decide-tls", "mountPath": "/etc/steward/decide-tls", "readOnly": true}
+        ])
+    );
+    assert_eq!(
+        pod_spec(&objects, "t-steward-controller")["volumes"],
+        serde_json::json!([{"name": "decide-tls", "secret": {"secretName": "x"}}])
+    );
+    // The controller accepts them: an https:// URL for an IPv4 and an
+    // IPv6 pod, and the certificate files it reads at startup.
+    for (ip, url) in [
+        ("10.1.2.3", "https://10.1.2.3:8444"),
+        ("fd00::5", "https://[fd00::5]:8444"),
+    ] {
+        let args = controller_args(controller, ip);
+        let decide = args.decide().unwrap().expect("the direct path on");
+        assert_eq!(decide.advertise.as_deref(), Some(url));
+    }
+    let err = controller_args(controller, "10.1.2.3")
+        .decide_tls()
+        .expect_err("no certificate files here");
+    assert!(
+        format!("{err:#}").contains("/etc/steward/decide-tls/tls.crt"),
+        "{err:#}"
+    );
+
+    let extender = deployment_container(&objects, "t-steward-extender");
+    let args = strings(&extender["args"]);
+    for want in [
+        "--decide-ca-file=/etc/steward/decide-ca/ca.crt",
+        "--decide-server-name=t-steward-controller-decide.steward-system.svc",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
+    }
+    let mounts = extender["volumeMounts"].as_array().unwrap();
+    let ca = mounts
+        .iter()
+        .find(|m| m["name"] == "decide-ca")
+        .expect("the extender mounts the decide CA");
+    assert_eq!(ca["mountPath"], "/etc/steward/decide-ca");
+    assert_eq!(ca["readOnly"], true);
+    let volume = pod_spec(&objects, "t-steward-extender")["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "decide-ca")
+        .cloned()
+        .expect("the decide CA volume");
+    assert_eq!(
+        volume["secret"],
+        serde_json::json!({"secretName": "x", "items": [{"key": "ca.crt", "path": "ca.crt"}]}),
+        "the extender gets the CA, never the controller's key"
+    );
+    let err = extender_args(extender)
+        .decide_trust()
+        .expect_err("no CA file here");
+    assert!(
+        format!("{err:#}").contains("/etc/steward/decide-ca/ca.crt"),
+        "{err:#}"
+    );
+
+    // Another name for the certificate.
+    let mut named = sets.clone();
+    named.push("controller.decide.tls.serverName=decide.example");
+    let objects = render(t, &named);
+    let args = strings(&deployment_container(&objects, "t-steward-extender")["args"]);
+    assert!(
+        args.contains(&"--decide-server-name=decide.example".to_owned()),
+        "{args:?}"
+    );
+
+    // Enabled without a Secret: refused with the reason.
+    let out = run_helm(t, "template", &base);
+    assert!(!out.status.success(), "decide TLS without a Secret");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("controller.decide.tls.secretName names the Secret"),
+        "{err}"
+    );
+
+    // Off (the default), or without the direct path: nothing of it.
+    for sets in [
+        &["controller.enabled=true", "extender.enabled=true"][..],
+        &[
+            "controller.enabled=true",
+            "extender.enabled=true",
+            "controller.decide.enabled=false",
+            "controller.decide.tls.enabled=true",
+            "controller.decide.tls.secretName=x",
+        ][..],
+    ] {
+        let objects = render(t, sets);
+        for name in ["t-steward-controller", "t-steward-extender"] {
+            let text = serde_saphyr::to_string(&pod_spec(&objects, name)).unwrap();
+            for absent in [
+                "--decide-tls",
+                "--decide-ca-file",
+                "decide-tls",
+                "decide-ca",
+            ] {
+                assert!(!text.contains(absent), "{sets:?}: {absent} in {name}");
+            }
+        }
+    }
+    // A value the schema does not know is refused.
+    let out = run_helm(t, "template", &["controller.decide.tls.ca=x"]);
+    assert!(!out.status.success(), "an unknown decide TLS value");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/controller/decide/tls"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

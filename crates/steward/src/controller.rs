@@ -2,11 +2,14 @@
 //! leads on a Lease and is the only writer of decisions).
 
 use std::net::{Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use steward_nodeio::Readiness;
+use steward_nodeio::bounded::TlsFiles;
+use steward_reservations::direct::server::DecideTls;
 use steward_reservations::{ControllerConfig, DecideConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -54,8 +57,9 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "ADDR")]
     decide_listen: Option<SocketAddr>,
     /// The URL extenders reach `--decide-listen` at, written in the Lease
-    /// while leading, e.g. `http://$(POD_IP):8444` (an IPv6 address may be
-    /// given without brackets, as `$(POD_IP)` expands). Absent: `http://`
+    /// while leading, e.g. `http://$(POD_IP):8444` (`https://` with
+    /// --decide-tls-cert-file; an IPv6 address may be given without
+    /// brackets, as `$(POD_IP)` expands). Absent: `http://` (`https://`)
     /// and the address bound, which must then be a specific one (not
     /// 0.0.0.0). Needs --decide-listen.
     #[arg(long, env = "STEWARD_DECIDE_ADVERTISE", value_name = "URL")]
@@ -76,6 +80,20 @@ pub struct ControllerArgs {
     /// with.
     #[arg(long, default_value = steward_reservations::direct::auth::DECIDE_AUDIENCE)]
     decide_token_audience: String,
+    /// Serve `/v1/decide` over HTTPS with this PEM certificate (chain) and
+    /// --decide-tls-key-file: the extenders verify it (their
+    /// --decide-ca-file and --decide-server-name, a DNS name the
+    /// certificate must carry), so the leader is authenticated to them and
+    /// their tokens and asks do not travel in clear. No client
+    /// certificate is asked for (callers are authenticated by their
+    /// tokens). Read again, with the key, for a new connection whenever
+    /// either file changed. The advertised URL is then `https://`. Needs
+    /// --decide-listen.
+    #[arg(long, value_name = "PEM", requires = "decide_tls_key_file")]
+    decide_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --decide-tls-cert-file.
+    #[arg(long, value_name = "PEM", requires = "decide_tls_cert_file")]
+    decide_tls_key_file: Option<PathBuf>,
     /// The leader removes a deleted Node from the Instances at once; a node
     /// that Instances name but that has no Node object (a deletion missed
     /// while no replica led) is removed once it has stayed absent this
@@ -97,12 +115,14 @@ impl ControllerArgs {
             );
             return Ok(None);
         };
+        let tls = self.decide_tls_cert_file.is_some();
         let advertise = match advertise {
-            Some(url) => Some(advertised_url(url)?),
+            Some(url) => Some(advertised_url(url, tls)?),
             None => {
                 anyhow::ensure!(
                     !listen.ip().is_unspecified(),
-                    "--decide-advertise is needed: --decide-listen {listen} is not an address extenders can reach (give the URL they reach this replica at, e.g. http://$(POD_IP):{})",
+                    "--decide-advertise is needed: --decide-listen {listen} is not an address extenders can reach (give the URL they reach this replica at, e.g. {}://$(POD_IP):{})",
+                    scheme(tls),
                     listen.port()
                 );
                 None
@@ -137,6 +157,25 @@ impl ControllerArgs {
         );
         Ok(Some((self.decide_token_audience.clone(), users)))
     }
+
+    /// How `/v1/decide` is served over HTTPS, the files read now (`None`:
+    /// plain HTTP).
+    pub(crate) fn decide_tls(&self) -> anyhow::Result<Option<DecideTls>> {
+        let (Some(cert), Some(key)) = (&self.decide_tls_cert_file, &self.decide_tls_key_file)
+        else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            self.decide_listen.is_some(),
+            "--decide-tls-cert-file and --decide-tls-key-file need --decide-listen (they serve it)"
+        );
+        // No client certificates: the callers present tokens.
+        let files = TlsFiles::new(cert.clone(), key.clone(), None, "decide")
+            .context("reading the decide endpoint's TLS files")?;
+        Ok(Some(DecideTls {
+            source: Arc::new(files),
+        }))
+    }
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -149,6 +188,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.identity.is_empty(), "--identity must not be empty");
     let decide = args.decide()?;
     let decide_auth = args.decide_auth()?;
+    let decide_tls = args.decide_tls()?;
+    if decide.is_some() && decide_tls.is_none() {
+        tracing::warn!(
+            "/v1/decide is served over plain HTTP: the leader is not authenticated to the extenders, and their tokens and asks travel in clear (--decide-tls-cert-file, --decide-tls-key-file; the extenders' --decide-ca-file)"
+        );
+    }
     let client = steward_kube::client::connect("controller", Some(&args.identity))
         .await
         .context("connecting to the API server")?;
@@ -160,6 +205,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.ttl = args.reservation_ttl;
     cfg.device_classes = args.dra_device_classes;
     cfg.decide = decide;
+    cfg.decide_tls = decide_tls;
     cfg.decide_auth = decide_auth.map(|(audience, users)| {
         use steward_reservations::direct::auth::{ApiServerTokenReview, Authenticator};
         let reviewer = ApiServerTokenReview::new(client.clone(), &audience);
@@ -186,13 +232,25 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .context("the reservation controller")
 }
 
-/// `url` checked (`http://` and a host) and with an IPv6 host that came
-/// without brackets (`http://fd00::5:8444`, as `$(POD_IP)` expands)
-/// bracketed; the last `:` then starts the port.
-fn advertised_url(url: &str) -> anyhow::Result<String> {
-    let Some(rest) = url.strip_prefix("http://") else {
+/// The scheme of the decide endpoint: `https` when it serves TLS.
+fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
+/// `url` checked (`http://`, or `https://` when the endpoint serves `tls`,
+/// and a host) and with an IPv6 host that came without brackets
+/// (`http://fd00::5:8444`, as `$(POD_IP)` expands) bracketed; the last `:`
+/// then starts the port.
+fn advertised_url(url: &str, tls: bool) -> anyhow::Result<String> {
+    let scheme = scheme(tls);
+    let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) else {
+        if tls {
+            anyhow::bail!(
+                "--decide-advertise {url:?} must start with https:// (the decide endpoint serves HTTPS: --decide-tls-cert-file)"
+            );
+        }
         anyhow::bail!(
-            "--decide-advertise {url:?} must start with http:// (the extenders call the leader over plain HTTP)"
+            "--decide-advertise {url:?} must start with http:// (the extenders call the leader over plain HTTP; --decide-tls-cert-file serves HTTPS)"
         );
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
@@ -204,7 +262,7 @@ fn advertised_url(url: &str) -> anyhow::Result<String> {
         && host.parse::<Ipv6Addr>().is_ok()
         && port.parse::<u16>().is_ok()
     {
-        return Ok(format!("http://[{host}]:{port}{path}"));
+        return Ok(format!("{scheme}://[{host}]:{port}{path}"));
     }
     Ok(url.to_owned())
 }
@@ -348,7 +406,96 @@ mod tests {
                 "http://controller.example:8444/",
             ),
         ] {
-            assert_eq!(advertised_url(given).unwrap(), want, "{given}");
+            assert_eq!(advertised_url(given, false).unwrap(), want, "{given}");
         }
+        assert_eq!(
+            advertised_url("https://fd00::5:8444", true).unwrap(),
+            "https://[fd00::5]:8444"
+        );
+    }
+
+    fn fixture(name: &str) -> String {
+        format!(
+            "{}/../steward-reservations/tests/fixtures/tls/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn decide_tls_flags_come_together_and_need_decide_listen() {
+        let cli = |flags: &[&str]| {
+            let mut argv = vec!["steward", "controller", "--identity=controller-0"];
+            argv.extend(flags);
+            Cli::try_parse_from(argv).map(|_| ())
+        };
+        // A certificate without its key, or a key without its certificate.
+        let err = cli(&["--decide-tls-cert-file=/c"]).unwrap_err();
+        assert!(err.to_string().contains("--decide-tls-key-file"), "{err}");
+        let err = cli(&["--decide-tls-key-file=/k"]).unwrap_err();
+        assert!(err.to_string().contains("--decide-tls-cert-file"), "{err}");
+        assert!(cli(&["--decide-tls-cert-file=/c", "--decide-tls-key-file=/k"]).is_ok());
+        // Neither: plain HTTP, as before.
+        assert!(
+            parse(&["--decide-listen=127.0.0.1:0"])
+                .decide_tls()
+                .unwrap()
+                .is_none()
+        );
+        // Nothing to serve them on.
+        let (cert, key) = (
+            format!("--decide-tls-cert-file={}", fixture("decide.crt")),
+            format!("--decide-tls-key-file={}", fixture("decide.key")),
+        );
+        let err = parse(&[&cert, &key]).decide_tls().unwrap_err();
+        assert!(err.to_string().contains("need --decide-listen"), "{err}");
+        // Files that cannot be read are an error at startup, not plain HTTP.
+        let err = parse(&[
+            "--decide-listen=127.0.0.1:0",
+            "--decide-tls-cert-file=/nonexistent/tls.crt",
+            "--decide-tls-key-file=/nonexistent/tls.key",
+        ])
+        .decide_tls()
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("/nonexistent/tls.crt"),
+            "{err:#}"
+        );
+        let listen = "--decide-listen=127.0.0.1:0";
+        assert!(
+            parse(&[listen, &cert, &key])
+                .decide_tls()
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn with_decide_tls_only_https_urls_are_advertised() {
+        let (cert, key) = (
+            format!("--decide-tls-cert-file={}", fixture("decide.crt")),
+            format!("--decide-tls-key-file={}", fixture("decide.key")),
+        );
+        let d = decide(&[
+            "--decide-listen=0.0.0.0:8444",
+            "--decide-advertise=https://10.1.2.3:8444",
+            &cert,
+            &key,
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(d.advertise.as_deref(), Some("https://10.1.2.3:8444"));
+        let err = decide(&[
+            "--decide-listen=0.0.0.0:8444",
+            "--decide-advertise=http://10.1.2.3:8444",
+            &cert,
+            &key,
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("must start with https://"),
+            "{err}"
+        );
+        let err = decide(&["--decide-listen=0.0.0.0:8444", &cert, &key]).unwrap_err();
+        assert!(err.to_string().contains("https://$(POD_IP)"), "{err}");
     }
 }

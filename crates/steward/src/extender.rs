@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use steward_nodeio::bounded::{ClientAuth, TlsFiles};
+use steward_reservations::direct::transport::DecideTrust;
 use steward_reservations::extender::server::ExtenderTls;
 use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
 use tokio_util::sync::CancellationToken;
@@ -43,6 +44,21 @@ pub struct ExtenderArgs {
     /// --decide-token-audience) that kubelet rotates.
     #[arg(long, value_name = "PATH")]
     decide_token_file: Option<std::path::PathBuf>,
+    /// Ask the leader's `/v1/decide` over HTTPS only, its certificate
+    /// verified against the CAs in this PEM file (the issuer of the
+    /// controller's --decide-tls-cert-file), read again whenever it
+    /// changes. An `http://` endpoint in the Lease is then refused without
+    /// connecting, and a leader whose certificate does not verify is not
+    /// asked: Filter asks through the API instead. Needs
+    /// --decide-server-name.
+    #[arg(long, value_name = "PEM", requires = "decide_server_name")]
+    decide_ca_file: Option<PathBuf>,
+    /// The DNS name the leader's certificate must carry, e.g.
+    /// `steward-controller-decide.steward-system.svc`: the extender dials
+    /// the pod IP the Lease names, but checks the certificate against this
+    /// name (pod IPs change, the name does not). Needs --decide-ca-file.
+    #[arg(long, value_name = "NAME", requires = "decide_ca_file")]
+    decide_server_name: Option<String>,
     /// Serve HTTPS with this PEM certificate (chain) for kube-scheduler's
     /// `enableHTTPS: true` (with --tls-key-file). Read again, with the key
     /// and the client CAs, for a new connection whenever one of the files
@@ -78,6 +94,21 @@ impl ExtenderArgs {
         })
     }
 
+    /// How the leader is authenticated on the direct path, the CA file
+    /// read now (`None`: it is not, plain HTTP).
+    pub(crate) fn decide_trust(&self) -> anyhow::Result<Option<DecideTrust>> {
+        let (Some(ca), Some(name)) = (&self.decide_ca_file, &self.decide_server_name) else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !self.no_direct,
+            "--decide-ca-file and --decide-server-name authenticate the leader on the direct path, which --no-direct turns off"
+        );
+        let trust = DecideTrust::new(ca.clone(), name.trim())
+            .context("reading the leader's CA (--decide-ca-file, --decide-server-name)")?;
+        Ok(Some(trust))
+    }
+
     /// How HTTPS is served, read from the files (`None`: plain HTTP).
     pub(crate) fn tls(&self) -> anyhow::Result<Option<ExtenderTls>> {
         let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
@@ -107,6 +138,7 @@ impl ExtenderArgs {
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let tls = args.tls()?;
+    let decide_trust = args.decide_trust()?;
     let client = steward_kube::client::connect("extender", None)
         .await
         .context("connecting to the API server")?;
@@ -138,6 +170,16 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     match &leader {
         Some(l) => {
             tracing::info!(namespace = %l.namespace, lease = %l.name, "asking the leading controller directly (through the API when it does not answer)");
+            match &decide_trust {
+                Some(t) => tracing::info!(
+                    ca_file = %t.ca_file().display(),
+                    server_name = %t.server_name(),
+                    "asking the leader over HTTPS only, its certificate verified"
+                ),
+                None => tracing::warn!(
+                    "the leader is asked over plain HTTP: it is not authenticated to the extender (whoever the Lease names is asked), and the extender's token and asks travel in clear (--decide-ca-file, --decide-server-name; the controller's --decide-tls-cert-file)"
+                ),
+            }
         }
         None => tracing::info!("--no-direct: asking the controller through the API only"),
     }
@@ -148,6 +190,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .decide_token_file
             .clone()
             .map(steward_reservations::direct::token::DecideToken::new),
+        decide_trust,
         ..ExtenderConfig::default()
     };
     let stop = CancellationToken::new();
@@ -230,6 +273,43 @@ mod tests {
         // HTTP fallback.
         let e = args.tls().err().unwrap();
         assert!(format!("{e:#}").contains("/c"), "{e:#}");
+    }
+
+    #[test]
+    fn decide_trust_flags_come_together() {
+        let cli = |flags: &[&str]| {
+            let mut argv = vec!["steward", "extender"];
+            argv.extend(flags);
+            Cli::try_parse_from(argv).map(|_| ())
+        };
+        let err = cli(&["--decide-ca-file=/ca"]).unwrap_err();
+        assert!(err.to_string().contains("--decide-server-name"), "{err}");
+        let err = cli(&["--decide-server-name=n"]).unwrap_err();
+        assert!(err.to_string().contains("--decide-ca-file"), "{err}");
+        // Neither: plain HTTP, as before.
+        assert!(parse(&[]).decide_trust().unwrap().is_none());
+        // A CA file that cannot be read is an error at startup.
+        let args = parse(&[
+            "--decide-ca-file=/nonexistent/ca.crt",
+            "--decide-server-name=n",
+        ]);
+        let e = args.decide_trust().unwrap_err();
+        assert!(format!("{e:#}").contains("/nonexistent/ca.crt"), "{e:#}");
+        let ca = format!(
+            "--decide-ca-file={}/../steward-reservations/tests/fixtures/tls/ca.crt",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let name = "--decide-server-name=steward-controller-decide.steward-system.svc";
+        let trust = parse(&[&ca, name]).decide_trust().unwrap().unwrap();
+        assert_eq!(
+            trust.server_name(),
+            "steward-controller-decide.steward-system.svc"
+        );
+        // Nothing to authenticate without the direct path.
+        let e = parse(&[&ca, name, "--no-direct"])
+            .decide_trust()
+            .unwrap_err();
+        assert!(e.to_string().contains("--no-direct"), "{e}");
     }
 
     #[test]

@@ -167,17 +167,53 @@ fn decide_endpoint(cluster: &Cluster) -> String {
     out.trim().to_owned()
 }
 
-/// Proves: the leader's `/v1/decide` takes an ask only from the extender's
-/// ServiceAccount, verified by the real API server's TokenReview: no token
-/// is 401, a token of another ServiceAccount (the right audience) is 403, a
-/// token of the extender's ServiceAccount for another audience is 401, and
-/// none of them writes a Reservation.
+/// The name the leader's decide certificate carries (scripts/kube-cluster.sh
+/// `controller-decide`; the chart's `controller.decide.tls.serverName`
+/// default).
+const DECIDE_NAME: &str = "steward-controller-decide.steward-system.svc";
+
+/// Proves: the leader serves `/v1/decide` over TLS only, with a certificate
+/// for its fixed name from the operator's CA (a client that does not trust
+/// that CA, or speaks plain HTTP, gets no answer at all); and it takes an
+/// ask only from the extender's ServiceAccount, verified by the real API
+/// server's TokenReview: no token is 401, a token of another
+/// ServiceAccount (the right audience) is 403, a token of the extender's
+/// ServiceAccount for another audience is 401, and none of them writes a
+/// Reservation.
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_extender_asks_the_leader() {
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("sec-decide-path").await;
     let endpoint = decide_endpoint(&cluster);
-    let url = format!("{endpoint}/v1/decide");
+    let address = endpoint
+        .strip_prefix("https://")
+        .unwrap_or_else(|| panic!("the leader advertises {endpoint:?}, not https"));
+    let (ip, port) = address.trim_end_matches('/').rsplit_once(':').unwrap();
+    let ca = format!("{}/ca.crt", env("STEWARD_CLUSTER_PKI"));
+    let resolve = format!("{DECIDE_NAME}:{port}:{ip}");
+    let url = format!("https://{DECIDE_NAME}:{port}/v1/decide");
+    let trusted = ["--cacert", ca.as_str(), "--resolve", resolve.as_str()];
+
+    // Plain HTTP to the TLS port: no HTTP answer.
+    let (code, body, err) = curl(&["-X", "POST", &format!("http://{address}/v1/decide")]);
+    assert_eq!(
+        code, 0,
+        "plain HTTP to the decide port answered: {body} {err}"
+    );
+    // TLS without trusting the operator's CA: the handshake fails.
+    let (code, body, err) = curl(&["--resolve", &resolve, "-X", "POST", &url]);
+    assert_eq!(code, 0, "an unverified leader answered: {body} {err}");
+    assert!(err.contains("certificate"), "curl says why: {err}");
+    // TLS to the pod IP by address: its certificate names no IP.
+    let (code, body, err) = curl(&[
+        "--cacert",
+        &ca,
+        "-X",
+        "POST",
+        &format!("https://{address}/v1/decide"),
+    ]);
+    assert_eq!(code, 0, "the certificate matched a pod IP: {body} {err}");
+
     let ask = json!({
         "pod": {"namespace": ns.name, "name": "victim", "uid": "uid-forged"},
         "candidates": [cluster.nodes[0]],
@@ -193,7 +229,7 @@ async fn only_the_extender_asks_the_leader() {
         "--data",
     ];
 
-    let (code, body, err) = curl(&[&post[..], &[&ask, &url]].concat());
+    let (code, body, err) = curl(&[&trusted[..], &post[..], &[&ask, &url]].concat());
     assert_eq!(code, 401, "an ask with no token: {body} {err}");
 
     let other = cluster
@@ -209,7 +245,8 @@ async fn only_the_extender_asks_the_leader() {
         .trim()
         .to_owned();
     let bearer = format!("Authorization: Bearer {other}");
-    let (code, body, err) = curl(&[&["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    let (code, body, err) =
+        curl(&[&trusted[..], &["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
     assert_eq!(
         code, 403,
         "an ask with another ServiceAccount's token: {body} {err}"
@@ -226,11 +263,65 @@ async fn only_the_extender_asks_the_leader() {
         .trim()
         .to_owned();
     let bearer = format!("Authorization: Bearer {wrong_audience}");
-    let (code, body, err) = curl(&[&["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    let (code, body, err) =
+        curl(&[&trusted[..], &["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
     assert_eq!(
         code, 401,
         "an ask with the extender's token for the API server's audience: {body} {err}"
     );
 
     no_reservation_in(&cluster, &ns.name, "a refused ask");
+}
+
+/// The leader's `steward_reservation_direct_asks_total{outcome="decided"}`,
+/// read from its metrics port (the pod IP its Lease names).
+fn decided_directly(ip: &str) -> u64 {
+    let (code, body, err) = curl(&[&format!("http://{ip}:9466/metrics")]);
+    assert_eq!(code, 200, "the leader's metrics: {err}");
+    body.lines()
+        .find(|l| l.starts_with("steward_reservation_direct_asks_total{outcome=\"decided\"}"))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no direct_asks decided in the leader's metrics:\n{body}"))
+}
+
+/// Proves: kube-scheduler's extender reaches the leader over that TLS, with
+/// the CA and name the chart gives it: a pod asking an exclusive CPU is
+/// scheduled and the leader counts its ask as decided on the direct path
+/// (were the handshake refused, the extender would ask through the API
+/// and the count would not move).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_extender_reaches_the_leader_over_tls() {
+    let cluster = Cluster::connect().await;
+    let ns = cluster.namespace("sec-decide-tls").await;
+    let endpoint = decide_endpoint(&cluster);
+    let ip = endpoint
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .map(|(ip, _)| ip.to_owned())
+        .unwrap();
+    let before = decided_directly(&ip);
+    cluster
+        .create_pod(
+            &ns.name,
+            steward_real_cluster::busybox_pod(
+                "pinned",
+                "sleep 3600",
+                json!({"cpu": "1", "memory": "32Mi", "resmgr.steward.dev/exclusive-cpus": "1"}),
+            ),
+        )
+        .await;
+    cluster
+        .running(&ns.name, "pinned", std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(
+        decide_endpoint(&cluster),
+        endpoint,
+        "the leader moved during the test"
+    );
+    let after = decided_directly(&ip);
+    assert!(
+        after > before,
+        "the leader decided no ask directly ({before} -> {after}): the extender did not reach it over TLS"
+    );
 }

@@ -40,7 +40,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::direct::ENDPOINT_ANNOTATION;
 use crate::direct::client::Leader;
 use crate::direct::pending::Ask;
-use crate::direct::server::DecideHandle;
+use crate::direct::server::{DecideHandle, DecideTls};
 use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
 use crate::node_gone::{self, NodeGoneConfig};
@@ -54,8 +54,9 @@ pub struct DecideConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
     /// The URL extenders reach it at, written in the Lease while leading;
-    /// `None`: `http://` and the address bound (which must then be a
-    /// specific one, not 0.0.0.0).
+    /// `None`: `http://` (`https://` with [`ControllerConfig::decide_tls`])
+    /// and the address bound (which must then be a specific one, not
+    /// 0.0.0.0).
     pub advertise: Option<String>,
 }
 
@@ -88,6 +89,9 @@ pub struct ControllerConfig {
     /// Who may ask on the direct path ([`crate::direct::auth`]); `None`
     /// (the default): anyone who reaches it (warned once).
     pub decide_auth: Option<std::sync::Arc<crate::direct::auth::Authenticator>>,
+    /// Serve the direct path over HTTPS with this certificate (the
+    /// extenders verify it); `None` (the default): plain HTTP.
+    pub decide_tls: Option<DecideTls>,
     /// How long a new leader waits before reading the cluster: writes its
     /// predecessor had sent when it died land first, and are in the lists
     /// it decides from.
@@ -115,6 +119,7 @@ impl ControllerConfig {
             metrics: ControllerMetrics::default(),
             decide: None,
             decide_auth: None,
+            decide_tls: None,
             takeover_horizon: Duration::from_millis(300),
             node_gone: Some(NodeGoneConfig::default()),
             node_labels: true,
@@ -171,9 +176,10 @@ pub async fn run(
                 None if bound.ip().is_unspecified() => {
                     return Err(ControllerError::Advertise(bound));
                 }
+                None if cfg.decide_tls.is_some() => format!("https://{bound}"),
                 None => format!("http://{bound}"),
             };
-            tracing::info!(listen = %bound, advertise = %url, "serving direct decisions");
+            tracing::info!(listen = %bound, advertise = %url, tls = cfg.decide_tls.is_some(), "serving direct decisions");
             lease.annotations.insert(ENDPOINT_ANNOTATION.into(), url);
             Some(listener)
         }
@@ -207,9 +213,13 @@ pub async fn run(
             auth: cfg.decide_auth.clone(),
         };
         let (stop, gone) = (stop.clone(), endpoint_gone.clone());
+        let tls = cfg.decide_tls.clone();
         AbortOnDropHandle::new(tokio::spawn(async move {
             let _stops = (stop.clone().drop_guard(), gone.drop_guard());
-            crate::direct::server::serve(l, handle, stop).await;
+            match tls {
+                None => crate::direct::server::serve(l, handle, stop).await,
+                Some(tls) => crate::direct::server::serve_tls(l, handle, tls, stop).await,
+            }
         }))
     });
     let (events, events_task) =

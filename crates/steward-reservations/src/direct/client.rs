@@ -1,5 +1,7 @@
 //! The extender's side of the direct path: where the leader answers
-//! (followed on the election Lease, one object), and the call.
+//! (followed on the election Lease, one object), and the call: over plain
+//! HTTP, or over HTTPS with the leader's certificate verified
+//! ([`Leader::with_trust`], [`super::transport`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -8,9 +10,6 @@ use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::watcher;
@@ -20,6 +19,7 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::token::DecideToken;
+use super::transport::{self, DecideTrust, Mismatch, Transport};
 use super::wire::{DECIDE_PATH, DecideRequest, ENDPOINT_ANNOTATION};
 
 /// Largest answer read (one Reservation object).
@@ -49,6 +49,16 @@ pub enum DirectError {
     Unavailable(String, String),
     #[error("reaching the leader at {0}: {1}")]
     Transport(String, String),
+    #[error(
+        "the leader's endpoint {0} is plain HTTP, but the extender authenticates the leader (--decide-ca-file): refused without connecting"
+    )]
+    Plaintext(String),
+    #[error(
+        "the leader's endpoint {0} is HTTPS, but the extender has no CA to verify its certificate with (--decide-ca-file, --decide-server-name)"
+    )]
+    NoTrust(String),
+    #[error("the leader's endpoint {0} is neither an http:// nor an https:// URL")]
+    BadEndpoint(String),
     #[error("the leader at {0} failed: {1}")]
     Failed(String, String),
     #[error("no token to send the leader: {0}")]
@@ -70,12 +80,16 @@ pub struct Holder {
 /// connection pool to it.
 pub struct Leader {
     holder: watch::Receiver<Option<Holder>>,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    transport: Transport,
     /// Sent as `Authorization: Bearer` (`None`: no credentials).
     token: Option<DecideToken>,
     /// The leader refused the credentials last time (warned once until
     /// it takes them again).
     refused: AtomicBool,
+    /// The endpoint is not one this transport dials, or the leader's
+    /// certificate failed verification, last time (warned once until an
+    /// ask goes through again).
+    untrusted: AtomicBool,
     _follow: AbortOnDropHandle<()>,
 }
 
@@ -130,16 +144,12 @@ impl Leader {
                 });
             }
         });
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_millis(500)));
         Self {
             holder: rx,
-            http: HttpClient::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(http),
+            transport: Transport::Plain(Box::new(transport::plain())),
             token: None,
             refused: AtomicBool::new(false),
+            untrusted: AtomicBool::new(false),
             _follow: AbortOnDropHandle::new(task),
         }
     }
@@ -149,6 +159,27 @@ impl Leader {
     pub fn with_token(mut self, token: Option<DecideToken>) -> Self {
         self.token = token;
         self
+    }
+
+    /// The same, over HTTPS with the leader's certificate verified by
+    /// `trust` (only `https://` endpoints are then dialed; an `http://`
+    /// one is [`DirectError::Plaintext`]); `None`: plain HTTP (only
+    /// `http://` endpoints).
+    #[must_use]
+    pub fn with_trust(mut self, trust: Option<DecideTrust>) -> Self {
+        self.transport = match trust {
+            Some(t) => Transport::Tls(t),
+            None => Transport::Plain(Box::new(transport::plain())),
+        };
+        self
+    }
+
+    /// Warns once (until an ask goes through) that the leader is not
+    /// asked directly, for `why`.
+    fn untrusted(&self, why: &DirectError) {
+        if !self.untrusted.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %why, "not asking the leader directly: asking through the API (logged again once it is asked directly)");
+        }
     }
 
     /// Where the leader decides, as last seen.
@@ -165,6 +196,15 @@ impl Leader {
     /// (and a little for the answer to travel).
     pub async fn decide(&self, ask: &DecideRequest) -> Result<Answer, DirectError> {
         let endpoint = self.endpoint().ok_or(DirectError::NoLeader)?;
+        if let Err(m) = self.transport.admits(&endpoint) {
+            let e = match m {
+                Mismatch::Plaintext => DirectError::Plaintext(endpoint),
+                Mismatch::NoTrust => DirectError::NoTrust(endpoint),
+                Mismatch::Scheme => DirectError::BadEndpoint(endpoint),
+            };
+            self.untrusted(&e);
+            return Err(e);
+        }
         let transport = |e: String| DirectError::Transport(endpoint.clone(), e);
         let body = serde_json::to_vec(ask).map_err(|e| transport(e.to_string()))?;
         let mut req =
@@ -185,10 +225,20 @@ impl Leader {
                 .insert(hyper::header::AUTHORIZATION, value);
         }
         let within = Duration::from_millis(ask.timeout_ms) + Duration::from_millis(500);
-        let resp = tokio::time::timeout(within, self.http.request(req))
+        let resp = tokio::time::timeout(within, self.transport.request(req))
             .await
             .map_err(|_| transport(format!("no answer within {within:?}")))?
-            .map_err(|e| transport(e.to_string()))?;
+            .map_err(|e| {
+                let tls = transport::is_tls_failure(&e);
+                let e = transport(transport::error_chain(&e));
+                if tls {
+                    self.untrusted(&e);
+                }
+                e
+            })?;
+        if self.untrusted.swap(false, Ordering::Relaxed) {
+            tracing::info!(%endpoint, "asking the leader directly again");
+        }
         let status = resp.status();
         let body = tokio::time::timeout(
             within,

@@ -22,7 +22,12 @@
 //!
 //! Callers are authenticated when the controller is told whom to admit
 //! ([`auth`]): the extender sends a projected ServiceAccount token
-//! ([`token`]), the controller has the API server review it.
+//! ([`token`]), the controller has the API server review it. The leader
+//! is authenticated to the extenders when it serves HTTPS
+//! ([`server::DecideTls`]) and they verify its certificate
+//! ([`transport::DecideTrust`]): then the token and the asks no longer
+//! travel in clear, and a Lease naming another endpoint cannot make an
+//! extender hand them to it.
 
 pub mod auth;
 pub mod client;
@@ -30,6 +35,7 @@ pub(crate) mod pending;
 pub(crate) mod prober;
 pub mod server;
 pub mod token;
+pub mod transport;
 pub mod wire;
 
 pub use wire::ENDPOINT_ANNOTATION;

@@ -58,9 +58,13 @@ impl Verdict {
     }
 }
 
-/// `host:port` of an `http://host:port[/…]` endpoint.
+/// `host:port` of an `http://host:port[/…]` or `https://host:port[/…]`
+/// endpoint (only TCP is probed: a TLS listener refuses connections as
+/// soon as its process is gone, like a plain one).
 fn authority(endpoint: &str) -> Option<&str> {
-    let rest = endpoint.strip_prefix("http://")?;
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))?;
     let end = rest.find('/').unwrap_or(rest.len());
     Some(&rest[..end]).filter(|a| !a.is_empty())
 }
@@ -128,7 +132,8 @@ mod tests {
     fn the_authority_of_an_endpoint() {
         assert_eq!(authority("http://10.0.0.1:8444"), Some("10.0.0.1:8444"));
         assert_eq!(authority("http://[fd00::5]:8444/"), Some("[fd00::5]:8444"));
-        assert_eq!(authority("https://x:1"), None);
+        assert_eq!(authority("https://x:1"), Some("x:1"));
+        assert_eq!(authority("ftp://x:1"), None);
         assert_eq!(authority("http://"), None);
     }
 

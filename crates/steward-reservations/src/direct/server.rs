@@ -1,6 +1,11 @@
 //! The leader's `/v1/decide` endpoint ([`super::wire`]). Every replica
 //! serves it; only the leader's decision loop takes asks, a standby
 //! answers 421 so the extender looks for the leader again.
+//!
+//! Over HTTPS ([`serve_tls`], [`DecideTls`]) the replica proves itself to
+//! the extenders with its certificate (they verify it,
+//! [`super::transport::DecideTrust`]); no client certificate is asked
+//! for, the callers prove themselves with their tokens ([`super::auth`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +13,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
+use steward_nodeio::bounded::TlsSource;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -34,9 +40,43 @@ pub struct DecideHandle {
     pub auth: Option<Arc<Authenticator>>,
 }
 
+/// How `/v1/decide` is served over HTTPS.
+#[derive(Clone)]
+pub struct DecideTls {
+    /// The serving certificate of each new connection, e.g.
+    /// [`steward_nodeio::bounded::TlsFiles`] without client CAs (read
+    /// again when the files change).
+    pub source: Arc<dyn TlsSource>,
+}
+
+impl std::fmt::Debug for DecideTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecideTls").finish_non_exhaustive()
+    }
+}
+
 /// Serves `/v1/decide` on `listener` until `stop` is cancelled (or the
 /// future is dropped: its connections go with it).
 pub async fn serve(listener: TcpListener, handle: DecideHandle, stop: CancellationToken) {
+    serve_with(listener, handle, None, stop).await;
+}
+
+/// [`serve`] over HTTPS.
+pub async fn serve_tls(
+    listener: TcpListener,
+    handle: DecideHandle,
+    tls: DecideTls,
+    stop: CancellationToken,
+) {
+    serve_with(listener, handle, Some(tls), stop).await;
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    handle: DecideHandle,
+    tls: Option<DecideTls>,
+    stop: CancellationToken,
+) {
     match &handle.auth {
         Some(a) => {
             tracing::info!(allowed = ?a.allowed(), "{DECIDE_PATH}: callers authenticated (TokenReview)");
@@ -47,7 +87,7 @@ pub async fn serve(listener: TcpListener, handle: DecideHandle, stop: Cancellati
             );
         }
     }
-    crate::http::serve(listener, "decide", stop, move |req| {
+    let handler = move |req| {
         let handle = handle.clone();
         async move {
             let (outcome, answer) = route(&handle, req).await;
@@ -56,8 +96,11 @@ pub async fn serve(listener: TcpListener, handle: DecideHandle, stop: Cancellati
             }
             answer
         }
-    })
-    .await;
+    };
+    match tls {
+        None => crate::http::serve(listener, "decide", stop, handler).await,
+        Some(tls) => crate::http::serve_tls(listener, tls.source, "decide", stop, handler).await,
+    }
 }
 
 /// The answer, and the outcome it counts as (`None`: not an ask).

@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use steward_api::ReservationSpec;
 
 /// The Lease annotation where the leader says where it answers
-/// `/v1/decide` (`http://<address>:<port>`).
+/// `/v1/decide` (`http://<address>:<port>`, or `https://` when it serves
+/// TLS).
 pub const ENDPOINT_ANNOTATION: &str = "steward.dev/decide-endpoint";
 
 /// The path of the one verb.

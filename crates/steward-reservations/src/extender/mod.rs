@@ -78,6 +78,10 @@ pub struct ExtenderConfig {
     /// ServiceAccount token, [`crate::direct::token`]); `None`: no
     /// credentials.
     pub decide_token: Option<crate::direct::token::DecideToken>,
+    /// Ask the leader over HTTPS only, its certificate verified
+    /// ([`crate::direct::transport::DecideTrust`]); `None`: over plain
+    /// HTTP, the leader unauthenticated.
+    pub decide_trust: Option<crate::direct::transport::DecideTrust>,
 }
 
 /// The controller's election Lease.
@@ -95,6 +99,7 @@ impl Default for ExtenderConfig {
             shared_watch: true,
             leader: None,
             decide_token: None,
+            decide_trust: None,
         }
     }
 }
@@ -148,7 +153,12 @@ impl Extender {
             .leader
             .as_ref()
             .map(|l| Leader::follow(client.clone(), &l.namespace, &l.name))
-            .map(|l| Arc::new(l.with_token(cfg.decide_token.clone())));
+            .map(|l| {
+                Arc::new(
+                    l.with_token(cfg.decide_token.clone())
+                        .with_trust(cfg.decide_trust.clone()),
+                )
+            });
         Self {
             client,
             cfg,

@@ -140,6 +140,7 @@ async fn a_first_filter_creates_without_reading_and_a_lagging_picture_costs_a_re
         shared_watch: true,
         leader: None,
         decide_token: None,
+        decide_trust: None,
     };
     let ext = Extender::with_seen(server.client(), cfg, seen);
     let args = |name: &str, uid: &str| -> ExtenderArgs {

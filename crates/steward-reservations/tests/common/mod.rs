@@ -65,6 +65,18 @@ pub async fn stand_opts(
     controller: bool,
     ext_cfg: ExtenderConfig,
 ) -> Stand {
+    stand_full(capacity, annotations, controller, ext_cfg, |_| {}).await
+}
+
+/// [`stand_opts`] with the controller's configuration changed by `tweak`
+/// before it starts.
+pub async fn stand_full(
+    capacity: u32,
+    annotations: &[(&str, &str, String)],
+    controller: bool,
+    ext_cfg: ExtenderConfig,
+    tweak: impl FnOnce(&mut ControllerConfig),
+) -> Stand {
     let api = ApiServer::start().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(api.client());
     for crd in steward_api::crds() {
@@ -112,6 +124,7 @@ pub async fn stand_opts(
         listen: "127.0.0.1:0".parse().unwrap(),
         advertise: None,
     });
+    tweak(&mut cfg);
     let direct = controller && ext_cfg.leader.is_some();
     let metrics = cfg.metrics.clone();
     if controller {
