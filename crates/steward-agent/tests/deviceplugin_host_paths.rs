@@ -22,30 +22,60 @@ use steward_proto::deviceplugin::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, device_plugin_client::DevicePluginClient,
 };
 
-/// Reports one device mounting the host's `/`, then stays quiet.
-struct RootGrab;
+/// Reports one device `id` with one mount, then stays quiet.
+struct OneMount {
+    name: &'static str,
+    shared: bool,
+    id: &'static str,
+    mount: Mount,
+}
 
-impl DiscoveryHandler for RootGrab {
+impl DiscoveryHandler for OneMount {
     fn name(&self) -> &str {
-        "root-grab"
+        self.name
     }
     fn shared(&self) -> bool {
-        false
+        self.shared
     }
     fn discover(&self, _req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
         let device = Device {
-            id: "everything".into(),
+            id: self.id.into(),
             properties: BTreeMap::new(),
-            mounts: vec![Mount {
-                container_path: "/host".into(),
-                host_path: "/".into(),
-                read_only: false,
-            }],
+            mounts: vec![self.mount.clone()],
             device_specs: vec![],
         };
         Ok(futures::stream::iter(vec![Ok(vec![device])])
             .chain(futures::stream::pending())
             .boxed())
+    }
+}
+
+/// Reports one device mounting the host's `/`.
+fn root_grab() -> OneMount {
+    OneMount {
+        name: "root-grab",
+        shared: false,
+        id: "everything",
+        mount: Mount {
+            container_path: "/host".into(),
+            host_path: "/".into(),
+            read_only: false,
+        },
+    }
+}
+
+/// Reports one device (shared by every node running it) mounting the
+/// host's `/etc`.
+fn etc_mount() -> OneMount {
+    OneMount {
+        name: "etc-mount",
+        shared: true,
+        id: "etc",
+        mount: Mount {
+            container_path: "/host-etc".into(),
+            host_path: "/etc".into(),
+            read_only: true,
+        },
     }
 }
 
@@ -55,7 +85,7 @@ async fn an_instance_mounting_the_host_root_is_refused_and_a_normal_one_served()
     let dir = tempfile::tempdir().unwrap();
     let a = Node::start(dir.path(), "node-a", Some(server.client())).await;
     let mut handlers = echo(false);
-    handlers.push(Arc::new(RootGrab));
+    handlers.push(Arc::new(root_grab()));
     let _agent = Agent::start(a.agent_config(dir.path(), server.client(), handlers));
     create_configuration(
         &server,
@@ -119,34 +149,6 @@ async fn an_instance_mounting_the_host_root_is_refused_and_a_normal_one_served()
     assert!(!bad_spec.contains("\"hostPath\": \"/\""), "{bad_spec}");
 }
 
-/// Reports one device (shared by every node running it) mounting the
-/// host's `/etc`, then stays quiet.
-struct EtcMount;
-
-impl DiscoveryHandler for EtcMount {
-    fn name(&self) -> &str {
-        "etc-mount"
-    }
-    fn shared(&self) -> bool {
-        true
-    }
-    fn discover(&self, _req: DiscoverRequest) -> Result<DeviceStream, DiscoveryError> {
-        let device = Device {
-            id: "etc".into(),
-            properties: BTreeMap::new(),
-            mounts: vec![Mount {
-                container_path: "/host-etc".into(),
-                host_path: "/etc".into(),
-                read_only: true,
-            }],
-            device_specs: vec![],
-        };
-        Ok(futures::stream::iter(vec![Ok(vec![device])])
-            .chain(futures::stream::pending())
-            .boxed())
-    }
-}
-
 /// One Instance mounting `/etc`, served by two agents in this process:
 /// node-a keeps the default policy (no mounts) and refuses its Allocate
 /// and leaves it out of its CDI spec; node-b's operator allowed mounts
@@ -160,7 +162,7 @@ async fn two_agents_in_one_process_apply_their_own_host_path_policies() {
     std::fs::create_dir_all(host_b.join("etc")).unwrap();
     let a = Node::start(dir.path(), "node-a", Some(server.client())).await;
     let b = Node::start(dir.path(), "node-b", Some(server.client())).await;
-    let handlers = || -> Vec<Arc<dyn DiscoveryHandler>> { vec![Arc::new(EtcMount)] };
+    let handlers = || -> Vec<Arc<dyn DiscoveryHandler>> { vec![Arc::new(etc_mount())] };
     let cfg_a = a.agent_config(dir.path(), server.client(), handlers());
     assert_eq!(cfg_a.host_paths, HostPathPolicy::default());
     let mut cfg_b = b.agent_config(dir.path(), server.client(), handlers());

@@ -438,18 +438,23 @@ impl steward_discovery::DiscoveryHandler for PropertyEcho {
         &self,
         req: steward_discovery::DiscoverRequest,
     ) -> Result<steward_discovery::DeviceStream, steward_discovery::DiscoveryError> {
-        use futures::StreamExt;
         let prop = |k: &str| String::from_utf8_lossy(&req.properties[k]).into_owned();
-        let device = steward_core::discovery::Device {
-            id: format!("{}-{}", prop("PREFIX"), prop("ID")),
-            properties: Default::default(),
-            mounts: Vec::new(),
-            device_specs: Vec::new(),
-        };
-        Ok(futures::stream::once(async move { Ok(vec![device]) })
-            .chain(futures::stream::pending())
-            .boxed())
+        Ok(one_device(format!("{}-{}", prop("PREFIX"), prop("ID"))))
     }
+}
+
+/// One device `id`, then nothing more (the stream stays open).
+fn one_device(id: String) -> steward_discovery::DeviceStream {
+    use futures::StreamExt;
+    let device = steward_core::discovery::Device {
+        id,
+        properties: Default::default(),
+        mounts: Vec::new(),
+        device_specs: Vec::new(),
+    };
+    futures::stream::once(async move { Ok(vec![device]) })
+        .chain(futures::stream::pending())
+        .boxed()
 }
 
 /// Discovery properties follow their Secret and ConfigMap: editing the
@@ -569,22 +574,13 @@ impl steward_discovery::DiscoveryHandler for CountingEcho {
         &self,
         req: steward_discovery::DiscoverRequest,
     ) -> Result<steward_discovery::DeviceStream, steward_discovery::DiscoveryError> {
-        use futures::StreamExt;
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let id = req
             .properties
             .get("ID")
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_else(|| "none".into());
-        let device = steward_core::discovery::Device {
-            id,
-            properties: Default::default(),
-            mounts: Vec::new(),
-            device_specs: Vec::new(),
-        };
-        Ok(futures::stream::once(async move { Ok(vec![device]) })
-            .chain(futures::stream::pending())
-            .boxed())
+        Ok(one_device(id))
     }
 }
 

@@ -109,14 +109,10 @@ async fn ask_of(api: &ApiServer, name: &str) -> DecideRequest {
 /// where the leader decides.
 async fn follow(api: &ApiServer, lease: &str, trust: Option<DecideTrust>) -> Leader {
     let leader = Leader::follow(api.client(), "steward-system", lease).with_trust(trust);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while leader.endpoint().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never learned where the leader decides"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until("the Lease says where the leader decides", || {
+        leader.endpoint().is_some()
+    })
+    .await;
     leader
 }
 

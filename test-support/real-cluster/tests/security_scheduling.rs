@@ -6,9 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use steward_real_cluster::Cluster;
+use steward_real_cluster::{Cluster, eventually};
 
 /// The control plane's network namespace (scripts/kube-cluster.sh).
 const CONTROL_PLANE_NS: &str = "stwk-cp";
@@ -88,6 +89,18 @@ async fn only_kube_scheduler_reaches_the_extender() {
     let body = filter_body(&ns.name, &cluster.nodes[0]);
     let ca = format!("{pki}/ca.crt");
     let filter = format!("{url}/filter");
+    // The Service answers first (its endpoints and kube-proxy's rules may
+    // lag the pods' readiness): a refusal below is then the extender's,
+    // not an address nobody serves yet.
+    eventually(
+        "the extender's Service answering /healthz",
+        Duration::from_secs(60),
+        || async {
+            let (code, _, _) = curl(&["--cacert", &ca, &format!("{url}/healthz")]);
+            (code == 200).then_some(())
+        },
+    )
+    .await;
     let post = [
         "-X",
         "POST",
@@ -229,42 +242,32 @@ async fn only_the_extender_asks_the_leader() {
         "--data",
     ];
 
-    let (code, body, err) = curl(&[&trusted[..], &post[..], &[&ask, &url]].concat());
+    // An ask over the verified TLS, with `token` as its bearer (or none).
+    let ask_with = |token: Option<&str>| {
+        let bearer = token.map(|t| format!("Authorization: Bearer {t}"));
+        let auth: Vec<&str> = bearer.iter().flat_map(|b| ["-H", b.as_str()]).collect();
+        curl(&[&trusted[..], &auth[..], &post[..], &[&ask, &url]].concat())
+    };
+    // `kubectl create token SA -n NS ARGS`.
+    let token = |sa: &str, ns: &str, args: &[&str]| {
+        cluster
+            .kubectl(&[&["create", "token", sa, "-n", ns][..], args].concat())
+            .trim()
+            .to_owned()
+    };
+
+    let (code, body, err) = ask_with(None);
     assert_eq!(code, 401, "an ask with no token: {body} {err}");
 
-    let other = cluster
-        .kubectl(&[
-            "create",
-            "token",
-            "default",
-            "-n",
-            &ns.name,
-            "--audience",
-            "steward-decide",
-        ])
-        .trim()
-        .to_owned();
-    let bearer = format!("Authorization: Bearer {other}");
-    let (code, body, err) =
-        curl(&[&trusted[..], &["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    let other = token("default", &ns.name, &["--audience", "steward-decide"]);
+    let (code, body, err) = ask_with(Some(&other));
     assert_eq!(
         code, 403,
         "an ask with another ServiceAccount's token: {body} {err}"
     );
 
-    let wrong_audience = cluster
-        .kubectl(&[
-            "create",
-            "token",
-            "steward-extender",
-            "-n",
-            &cluster.release_namespace,
-        ])
-        .trim()
-        .to_owned();
-    let bearer = format!("Authorization: Bearer {wrong_audience}");
-    let (code, body, err) =
-        curl(&[&trusted[..], &["-H", &bearer][..], &post[..], &[&ask, &url]].concat());
+    let wrong_audience = token("steward-extender", &cluster.release_namespace, &[]);
+    let (code, body, err) = ask_with(Some(&wrong_audience));
     assert_eq!(
         code, 401,
         "an ask with the extender's token for the API server's audience: {body} {err}"
@@ -312,7 +315,7 @@ async fn the_extender_reaches_the_leader_over_tls() {
         )
         .await;
     cluster
-        .running(&ns.name, "pinned", std::time::Duration::from_secs(120))
+        .running(&ns.name, "pinned", Duration::from_secs(120))
         .await;
     assert_eq!(
         decide_endpoint(&cluster),

@@ -143,14 +143,10 @@ pub async fn stand_full(
     if direct {
         // The tests of the direct path start once the extender knows the
         // leader (before that, Filter takes the API path).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while extender.leader_endpoint().is_none() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the extender never learned where the leader decides"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until("the extender learns where the leader decides", || {
+            extender.leader_endpoint().is_some()
+        })
+        .await;
     }
     Stand {
         api,
@@ -158,5 +154,18 @@ pub async fn stand_full(
         extender,
         metrics,
         stop,
+    }
+}
+
+/// Polls `done` every 20 ms; panics naming `what` after 20 s.
+#[allow(dead_code)] // not every test binary including this module waits
+pub async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
