@@ -103,6 +103,7 @@ mod tests {
                 cpu_limit_milli: Some(1000),
                 memory_request_bytes: 64 << 20,
                 memory_limit_bytes: Some(64 << 20),
+                cpu_claims: Vec::new(),
             },
             assignment: Some(AssignmentRecord {
                 cpus: cpus.into(),

@@ -4,7 +4,7 @@
 //! The cache is not the truth: the runtime is. At start the cache is loaded
 //! and then re-synced against `ListPodSandbox`/`ListContainers`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -106,6 +106,9 @@ pub struct RequestRecord {
     pub memory_request_bytes: u64,
     /// Memory limit.
     pub memory_limit_bytes: Option<u64>,
+    /// The DRA CPU claims the container runs on (absent before 0.3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_claims: Vec<String>,
 }
 
 fn qos_str(q: &Qos) -> &'static str {
@@ -125,6 +128,7 @@ impl RequestRecord {
             cpu_limit_milli: r.cpu_limit_milli,
             memory_request_bytes: r.memory_request_bytes,
             memory_limit_bytes: r.memory_limit_bytes,
+            cpu_claims: r.cpu_claims.clone(),
         }
     }
 
@@ -147,6 +151,7 @@ impl RequestRecord {
             memory_request_bytes: self.memory_request_bytes,
             memory_limit_bytes: self.memory_limit_bytes,
             annotations: pod.annotations.clone(),
+            cpu_claims: self.cpu_claims.clone(),
         }
     }
 }
@@ -326,6 +331,22 @@ pub struct CacheData {
     pub pods: BTreeMap<String, PodRecord>,
     /// Containers by container id.
     pub containers: BTreeMap<String, ContainerRecord>,
+    /// DRA claims (driver `cpu.steward.dev`) prepared here, by claim UID
+    /// (absent before 0.3).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cpu_claims: BTreeMap<String, CpuClaim>,
+}
+
+/// One DRA claim of CPUs prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuClaim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The CPUs allocated to it (the devices of this driver it names).
+    pub cpus: CpuSet,
+    /// UIDs of the pods it is reserved for (`status.reservedFor`).
+    pub pods: BTreeSet<String>,
 }
 
 impl Default for CacheData {
@@ -336,6 +357,7 @@ impl Default for CacheData {
             next_seq: 0,
             pods: BTreeMap::new(),
             containers: BTreeMap::new(),
+            cpu_claims: BTreeMap::new(),
         }
     }
 }

@@ -595,6 +595,7 @@ pub fn derive(
         memory_request_bytes,
         memory_limit_bytes,
         annotations: policy_annotations,
+        cpu_claims: Vec::new(),
     };
     // The policy's own annotations are checked here, before anything
     // reaches the runtime.

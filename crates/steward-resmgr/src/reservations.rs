@@ -162,6 +162,7 @@ mod tests {
             memory_request_bytes: 0,
             memory_limit_bytes: None,
             annotations: BTreeMap::new(),
+            cpu_claims: Vec::new(),
         };
         let d = p.allocate(&req).unwrap();
         let got = d.get(&req.key).unwrap().cpus.clone();

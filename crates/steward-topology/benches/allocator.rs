@@ -40,6 +40,7 @@ fn requests(n: usize) -> Vec<ContainerRequest> {
                     None
                 },
                 annotations: BTreeMap::new(),
+                cpu_claims: Vec::new(),
             }
         })
         .collect()

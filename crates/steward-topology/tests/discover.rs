@@ -294,6 +294,7 @@ fn request(pod: &str, qos: Qos, milli: u64) -> ContainerRequest {
         memory_request_bytes: 0,
         memory_limit_bytes: None,
         annotations: BTreeMap::new(),
+        cpu_claims: Vec::new(),
     }
 }
 

@@ -32,6 +32,7 @@
 //! [`ANN_PREFER_ISOLATED`], [`ANN_PREFER_SHARED`], [`ANN_MEMORY_TIER`],
 //! [`ANN_BALLOON`]. Any other `*.steward.dev` key is an error.
 
+pub mod devices;
 mod model;
 mod policy;
 
@@ -46,8 +47,8 @@ pub use model::{
     derive_from_cri, is_policy_annotation, qos_from_cgroup_parent, qos_of,
 };
 pub use policy::{
-    Assignment, BalloonType, Decision, Members, Policy, PolicyConfig, PolicyKind, PoolChange,
-    new_policy,
+    Assignment, BalloonType, CLAIM_POOL, Decision, Members, Policy, PolicyConfig, PolicyKind,
+    PoolChange, new_policy,
 };
 
 /// Why a policy operation was refused. A refused operation changes nothing.
@@ -70,6 +71,8 @@ pub enum PolicyError {
     Insufficient { key: ContainerKey, reason: String },
     #[error("invalid policy configuration: {0}")]
     BadConfig(String),
+    #[error("CPU claim {claim} cannot be prepared: {reason}")]
+    ClaimRefused { claim: String, reason: String },
     #[error("invalid topology: {0}")]
     Topology(#[from] TopologyError),
 }

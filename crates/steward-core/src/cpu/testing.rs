@@ -33,6 +33,7 @@ pub(crate) fn req(pod: &str, qos: Qos, milli: u64) -> ContainerRequest {
         memory_request_bytes: 0,
         memory_limit_bytes: None,
         annotations: BTreeMap::new(),
+        cpu_claims: Vec::new(),
     }
 }
 

@@ -27,6 +27,7 @@ fn sample() -> CacheData {
                 cpu_limit_milli: Some(1000),
                 memory_request_bytes: 1 << 20,
                 memory_limit_bytes: Some(1 << 20),
+                cpu_claims: Vec::new(),
             },
             assignment: Some(AssignmentRecord {
                 cpus: "1".into(),

@@ -4,9 +4,12 @@
 //! [`verify`], configuration in [`reconfigure`], retries). Calls that are
 //! relayed untouched never touch that lock.
 
+mod cpu_claims;
 mod pipeline;
 mod placement;
 mod runtime_events;
+#[cfg(test)]
+mod testing;
 
 pub(crate) use resync::{GivenStatus, RuntimeListing};
 pub use runtime_events::{FailOpen, Synchronized, Updates};
@@ -42,6 +45,8 @@ use crate::metrics::Metrics;
 use crate::relay::Upstream;
 use crate::requests::PodFacts;
 
+pub(crate) use cpu_claims::claimed_by;
+pub use cpu_claims::{CpuClaim, CpuDevices};
 pub use resync::ResyncReport;
 pub use verify::VerifyReport;
 

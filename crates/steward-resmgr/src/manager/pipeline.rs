@@ -137,7 +137,7 @@ impl ResourceManager {
             .as_ref()
             .map(|sc| PodRecord::from_config(&req.pod_sandbox_id, sc));
         let placed = self
-            .place(&mut st, &req.pod_sandbox_id, pod, name, kubelet)
+            .place(&mut st, &req.pod_sandbox_id, pod, name, kubelet, Vec::new())
             .await?;
         let mut forwarded = req.clone();
         edit_create(&mut forwarded, placed.resources.clone());

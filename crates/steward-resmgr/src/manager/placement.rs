@@ -156,6 +156,7 @@ impl ResourceManager {
         pod: Option<PodRecord>,
         name: String,
         kubelet: cri::LinuxContainerResources,
+        named_claims: Vec<String>,
     ) -> Result<Placed, ResmgrError> {
         validate_resources(&kubelet)?;
         if let Some(p) = &pod {
@@ -189,7 +190,9 @@ impl ResourceManager {
                 ),
             );
         }
-        let request = derived.request;
+        let mut request = derived.request;
+        request.cpu_claims =
+            super::claimed_by(&st.cache.data().cpu_claims, &pod.uid, named_claims)?;
         let classes = classes_for(&pod.annotations, &name);
         if let Some(c) = &classes.blockio
             && !st.blockio.knows(c)

@@ -63,6 +63,8 @@ impl ResourceManager {
         cfg: &PolicyConfig,
     ) -> Result<(), ResmgrError> {
         let mut next = new_policy(kind, &st.topology, cfg).map_err(policy_err)?;
+        next.set_claims(st.policy.claims().clone())
+            .map_err(policy_err)?;
         let mut placed = BTreeMap::new();
         for (id, r, _) in st.cache.allocated() {
             next.allocate(&r)

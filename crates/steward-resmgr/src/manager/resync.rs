@@ -416,6 +416,20 @@ impl ResourceManager {
 
     /// Rebuild the policy state from the cache (after a restart).
     pub(super) async fn restore_policy(&self, st: &mut State) {
+        let claims = st
+            .cache
+            .data()
+            .cpu_claims
+            .iter()
+            .map(|(uid, c)| (uid.clone(), c.cpus.clone()))
+            .collect();
+        if let Err(e) = st.policy.set_claims(claims) {
+            // the claims cannot be honoured on this machine any more (its
+            // CPUs or reserved set changed); their containers are placed as
+            // any other until kubelet prepares them again
+            error!(error = %e, "the prepared CPU claims do not fit; forgetting them");
+            st.cache.data_mut().cpu_claims.clear();
+        }
         let allocated = st.cache.allocated();
         let entries: Vec<(ContainerRequest, Assignment)> = allocated
             .iter()

@@ -107,11 +107,29 @@ impl ResourceManager {
         name: String,
         kubelet: cri::LinuxContainerResources,
     ) -> Result<(cri::LinuxContainerResources, Updates), ResmgrError> {
+        self.container_creating_on_claims(pod, id, name, kubelet, Vec::new())
+            .await
+    }
+
+    /// [`Self::container_creating`] for a container whose environment names
+    /// DRA CPU claims (`named_claims`, UIDs): it runs on their CPUs when
+    /// each is prepared here for its pod, and is refused otherwise.
+    pub async fn container_creating_on_claims(
+        &self,
+        pod: PodRecord,
+        id: &str,
+        name: String,
+        kubelet: cri::LinuxContainerResources,
+        named_claims: Vec<String>,
+    ) -> Result<(cri::LinuxContainerResources, Updates), ResmgrError> {
         let (ns, pod_name, uid) = (pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
         let container = name.clone();
         let mut st = self.state.lock().await;
         let pod_id = pod.id.clone();
-        let placed = match self.place(&mut st, &pod_id, Some(pod), name, kubelet).await {
+        let placed = match self
+            .place(&mut st, &pod_id, Some(pod), name, kubelet, named_claims)
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 let updates = self.take_updates_locked(&mut st);

@@ -146,11 +146,12 @@ impl Handler for ResmgrHandler {
         let kubelet = convert::kubelet_resources(c);
         let result = self
             .manager
-            .container_creating(
+            .container_creating_on_claims(
                 convert::pod_record(pod),
                 &c.id,
                 c.name.clone(),
                 kubelet.clone(),
+                steward_core::cpu::devices::claims_in_env(c.env.iter().map(String::as_str)),
             )
             .await;
         self.note_time(t0.elapsed());

@@ -74,6 +74,13 @@ pub struct ContainerRequest {
     pub memory_limit_bytes: Option<u64>,
     /// Pod annotations relevant to policies (see [`Hints`]).
     pub annotations: BTreeMap<String, String>,
+    /// UIDs of the DRA claims (driver `cpu.steward.dev`) whose CPUs this
+    /// container runs on, exclusively, instead of what the policy would
+    /// give it ([`crate::cpu::Policy::set_claims`]). Set by the resource
+    /// manager from what the runtime shows of the claim's CDI device, never
+    /// from the pod's annotations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_claims: Vec<String>,
 }
 
 /// Requests and limits of one container of a pod spec (`None` = unset).

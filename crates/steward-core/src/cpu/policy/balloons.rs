@@ -330,7 +330,7 @@ impl Placer for BalloonsPlacer {
         let allocatable = env
             .topo
             .online_cpus()
-            .difference(&env.reserved)
+            .difference(&env.not_placed)
             .difference(env.topo.isolated_cpus());
         if allocatable.is_empty() {
             return Err(PolicyError::BadConfig(
@@ -338,7 +338,7 @@ impl Placer for BalloonsPlacer {
             ));
         }
         let mut p = BalloonsPlacer {
-            isolated: env.topo.isolated_cpus().difference(&env.reserved),
+            isolated: env.topo.isolated_cpus().difference(&env.not_placed),
             env,
             types: Arc::new(types),
             allocatable,

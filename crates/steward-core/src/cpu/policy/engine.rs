@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::claims;
 use crate::cpu::Picker;
 use crate::cpu::model::{Hints, validate_request};
 use crate::cpu::{
@@ -20,6 +21,10 @@ pub(crate) struct Env {
     pub picker: Picker,
     /// `cfg.reserved_cpus` (validated: online CPUs only).
     pub reserved: CpuSet,
+    /// CPUs prepared for DRA claims ([`Policy::set_claims`]).
+    pub claimed: CpuSet,
+    /// What no placer hands out: `reserved` and `claimed`.
+    pub not_placed: CpuSet,
     /// NUMA nodes with memory.
     pub all_mems: CpuSet,
     /// The assignment of pods on the reserved CPUs.
@@ -27,12 +32,19 @@ pub(crate) struct Env {
 }
 
 impl Env {
-    pub fn new(topo: &Topology, cfg: &PolicyConfig) -> Result<Env, PolicyError> {
+    pub fn new(topo: &Topology, cfg: &PolicyConfig, claimed: &CpuSet) -> Result<Env, PolicyError> {
         let topo = topo.clone().with_memory_kinds(&cfg.memory_kinds)?;
         let stray = cfg.reserved_cpus.difference(topo.online_cpus());
         if !stray.is_empty() {
             return Err(PolicyError::BadConfig(format!(
                 "reserved_cpus {} includes CPUs that are not online: {stray}",
+                cfg.reserved_cpus
+            )));
+        }
+        let both = cfg.reserved_cpus.intersection(claimed);
+        if !both.is_empty() {
+            return Err(PolicyError::BadConfig(format!(
+                "reserved_cpus {} includes CPUs prepared for DRA claims: {both}",
                 cfg.reserved_cpus
             )));
         }
@@ -53,6 +65,8 @@ impl Env {
             },
             picker: Picker::new(&topo),
             reserved: cfg.reserved_cpus.clone(),
+            claimed: claimed.clone(),
+            not_placed: cfg.reserved_cpus.union(claimed),
             all_mems,
             cfg: cfg.clone(),
             topo,
@@ -251,6 +265,11 @@ pub(crate) struct Engine<P: Placer> {
     assignments: BTreeMap<ContainerKey, Assignment>,
     /// pod uid → (NUMA node, CPUs) held for it ([`Policy::set_holds`]).
     holds: BTreeMap<String, (u32, u32)>,
+    /// claim uid → CPUs ([`Policy::set_claims`]).
+    claims: BTreeMap<String, CpuSet>,
+    /// Containers running on their claims' CPUs (not in `requests`, not
+    /// known to the placer).
+    claimed: BTreeMap<ContainerKey, ContainerRequest>,
 }
 
 /// The CPUs of `free` to leave alone for `withhold`: on each NUMA node,
@@ -289,7 +308,7 @@ impl<P: Placer> Engine<P> {
     }
 
     pub fn new(topo: &Topology, cfg: &PolicyConfig) -> Result<Self, PolicyError> {
-        let env = Arc::new(Env::new(topo, cfg)?);
+        let env = Arc::new(Env::new(topo, cfg, &CpuSet::new())?);
         Ok(Engine {
             base: topo.clone(),
             placer: P::build(env.clone())?,
@@ -297,6 +316,8 @@ impl<P: Placer> Engine<P> {
             requests: BTreeMap::new(),
             assignments: BTreeMap::new(),
             holds: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            claimed: BTreeMap::new(),
         })
     }
 
@@ -309,6 +330,14 @@ impl<P: Placer> Engine<P> {
         for key in self.requests.keys() {
             if let Some(v) = self.placer.view(key) {
                 let a = v.to_owned();
+                if before.get(key) != Some(&a) {
+                    changed.insert(key.clone(), a.clone());
+                }
+                next.insert(key.clone(), a);
+            }
+        }
+        for (key, req) in &self.claimed {
+            if let Ok(Some(a)) = claims::assignment(&self.env, &self.claims, req) {
                 if before.get(key) != Some(&a) {
                     changed.insert(key.clone(), a.clone());
                 }
@@ -380,6 +409,21 @@ impl<P: Placer> Engine<P> {
 
     /// Places `entries` into a fresh placer built on `env`, keeping the
     /// given assignments where valid; exclusive ones first, then by key.
+    /// Runs `req` on its claims' CPUs (assignment `a`), out of the placer.
+    fn run_on_claims(&mut self, req: &ContainerRequest, a: Assignment) -> Decision {
+        let mut d = if self.requests.remove(&req.key).is_some() {
+            self.placer.remove(&req.key);
+            self.assignments.remove(&req.key);
+            self.refresh(None)
+        } else {
+            Decision::default()
+        };
+        self.claimed.insert(req.key.clone(), req.clone());
+        self.assignments.insert(req.key.clone(), a.clone());
+        d.containers.insert(req.key.clone(), a);
+        d
+    }
+
     fn rebuild(
         env: Arc<Env>,
         mut entries: Vec<(ContainerRequest, Option<Assignment>)>,
@@ -413,6 +457,10 @@ impl<P: Placer> Policy for Engine<P> {
 
     fn allocate(&mut self, req: &ContainerRequest) -> Result<Decision, PolicyError> {
         let mut hints = validate_request(req)?;
+        if let Some(a) = claims::assignment(&self.env, &self.claims, req)? {
+            return Ok(self.run_on_claims(req, a));
+        }
+
         hints.withhold = self.withhold_for(&req.key.pod_uid);
         if self.requests.contains_key(&req.key) {
             let mut trial = self.placer.clone();
@@ -422,12 +470,18 @@ impl<P: Placer> Policy for Engine<P> {
         } else {
             self.placer.place(req, &hints, None)?;
         }
+        // a container that ran on claims runs as any other from now on
+        self.claimed.remove(&req.key);
         self.requests.insert(req.key.clone(), req.clone());
         // the requested container is always reported
         Ok(self.refresh(Some(&req.key)))
     }
 
     fn release(&mut self, key: &ContainerKey) -> Decision {
+        if self.claimed.remove(key).is_some() {
+            self.assignments.remove(key);
+            return Decision::default();
+        }
         if self.requests.remove(key).is_none() {
             return Decision::default();
         }
@@ -450,10 +504,23 @@ impl<P: Placer> Policy for Engine<P> {
             .iter()
             .map(|(r, a)| (r.key.clone(), a.clone()))
             .collect();
-        let entries = existing.into_iter().map(|(r, a)| (r, Some(a))).collect();
+        let (on_claims, others): (Vec<_>, Vec<_>) = existing
+            .into_iter()
+            .partition(|(r, _)| !r.cpu_claims.is_empty());
+        let claimed: BTreeMap<ContainerKey, ContainerRequest> = on_claims
+            .into_iter()
+            .map(|(r, _)| (r.key.clone(), r))
+            .collect();
+        let (kept, orphans) = claims::split(&self.env, &self.claims, claimed);
+        let entries = others
+            .into_iter()
+            .map(|(r, a)| (r, Some(a)))
+            .chain(orphans.into_iter().map(|r| (r, None)))
+            .collect();
         let (placer, requests) = Self::rebuild(self.env.clone(), entries)?;
         self.placer = placer;
         self.requests = requests;
+        self.claimed = kept.into_iter().map(|(k, (r, _))| (k, r)).collect();
         Ok(self.sync(&persisted))
     }
 
@@ -461,8 +528,41 @@ impl<P: Placer> Policy for Engine<P> {
         self.holds = holds;
     }
 
+    fn set_claims(&mut self, claims: BTreeMap<String, CpuSet>) -> Result<Decision, PolicyError> {
+        let pinned = self
+            .requests
+            .keys()
+            .filter_map(|k| self.assignments.get(k))
+            .filter(|a| a.exclusive)
+            .fold(CpuSet::new(), |mut all, a| {
+                all.union_with(&a.cpus);
+                all
+            });
+        let claimed_cpus = claims::validate(&self.env, &claims, &pinned)?;
+        let env = Arc::new(Env::new(&self.base, &self.env.cfg, &claimed_cpus)?);
+        let (kept, orphans) = claims::split(&env, &claims, self.claimed.clone());
+        let entries = self
+            .requests
+            .values()
+            .map(|r| (r.clone(), self.assignments.get(&r.key).cloned()))
+            .chain(orphans.into_iter().map(|r| (r, None)))
+            .collect();
+        let (placer, requests) = Self::rebuild(env.clone(), entries)?;
+        self.env = env;
+        self.placer = placer;
+        self.requests = requests;
+        self.claims = claims;
+        self.claimed = kept.into_iter().map(|(k, (r, _))| (k, r)).collect();
+        let before = std::mem::take(&mut self.assignments);
+        Ok(self.sync(&before))
+    }
+
+    fn claims(&self) -> &BTreeMap<String, CpuSet> {
+        &self.claims
+    }
+
     fn reconfigure(&mut self, cfg: &PolicyConfig) -> Result<Decision, PolicyError> {
-        let env = Arc::new(Env::new(&self.base, cfg)?);
+        let env = Arc::new(Env::new(&self.base, cfg, &self.env.claimed)?);
         let entries = self
             .requests
             .values()

@@ -32,6 +32,7 @@
 //! (`decision.rs`).
 
 mod balloons;
+mod claims;
 mod config;
 mod decision;
 mod engine;
@@ -44,6 +45,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
+pub use claims::CLAIM_POOL;
 pub use config::{BalloonType, PolicyConfig};
 pub use decision::{Assignment, Decision, Members, PoolChange};
 
@@ -119,6 +121,18 @@ pub trait Policy: Send {
     /// Honoured by `static` and `topology-aware`; `balloons` and `none`
     /// hand out no per-pod exclusive CPUs to hold.
     fn set_holds(&mut self, holds: BTreeMap<String, (u32, u32)>);
+    /// The CPUs prepared for DRA claims on this node: claim UID → CPUs.
+    /// They leave every pool the policy hands out (containers sharing them
+    /// move off); containers naming a claim run on its CPUs. Refused,
+    /// changing nothing, when a claim names a CPU that is offline,
+    /// reserved, pinned exclusively by the policy or another claim's. A
+    /// container whose claims are all gone is placed as any other.
+    fn set_claims(
+        &mut self,
+        claims: BTreeMap<String, crate::cpu::CpuSet>,
+    ) -> Result<Decision, PolicyError>;
+    /// The claims last set.
+    fn claims(&self) -> &BTreeMap<String, crate::cpu::CpuSet>;
 }
 
 /// Builds a policy over a topology.

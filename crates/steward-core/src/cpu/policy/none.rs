@@ -23,7 +23,7 @@ impl Placer for NonePlacer {
     const KIND: PolicyKind = PolicyKind::None;
 
     fn build(env: Arc<Env>) -> Result<Self, PolicyError> {
-        let cpus = env.topo.online_cpus().difference(&env.reserved);
+        let cpus = env.topo.online_cpus().difference(&env.not_placed);
         if cpus.is_empty() {
             return Err(PolicyError::BadConfig(
                 "reserved_cpus leave no CPU for containers".into(),

@@ -132,14 +132,14 @@ impl Placer for StaticPlacer {
         let allocatable = env
             .topo
             .online_cpus()
-            .difference(&env.reserved)
+            .difference(&env.not_placed)
             .difference(env.topo.isolated_cpus());
         if allocatable.is_empty() {
             return Err(PolicyError::BadConfig(
                 "reserved and isolated CPUs leave no CPU for the shared pool".into(),
             ));
         }
-        let isolated = env.topo.isolated_cpus().difference(&env.reserved);
+        let isolated = env.topo.isolated_cpus().difference(&env.not_placed);
         let taken = CpuSet::new();
         Ok(StaticPlacer {
             shared: Self::shared_assignment(&env, &allocatable, &taken),

@@ -21,12 +21,36 @@ enum Op {
     Release {
         pod: u8,
     },
+    /// Claims prepared: bit 0 `c1`, bit 1 `c2` ([`prop_claims`]).
+    SetClaims {
+        mask: u8,
+    },
+    /// A container of pod `pod` on claim `c1` or `c2`.
+    AllocClaimed {
+        pod: u8,
+        second: bool,
+    },
+}
+
+/// The two claims the property tests prepare: CPUs of NUMA node 0 and of
+/// socket 1.
+fn prop_claims(mask: u8) -> BTreeMap<String, CpuSet> {
+    let mut out = BTreeMap::new();
+    if mask & 1 != 0 {
+        out.insert("c1".to_owned(), set("2,3"));
+    }
+    if mask & 2 != 0 {
+        out.insert("c2".to_owned(), set("20-21"));
+    }
+    out
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0u8..24, 0u8..3, 0u64..5000, 0u8..8, 0u8..8).prop_map(|(pod, qos, milli, ns, ann)| Op::Alloc { pod, qos, milli, ns, ann }),
         1 => (0u8..24).prop_map(|pod| Op::Release { pod }),
+        1 => (0u8..4).prop_map(|mask| Op::SetClaims { mask }),
+        1 => (0u8..24, any::<bool>()).prop_map(|(pod, second)| Op::AllocClaimed { pod, second }),
     ]
 }
 
@@ -175,7 +199,62 @@ fn run_ops(
                 }
                 Ok(d)
             }
+            Op::SetClaims { mask } => {
+                let before = p.assignments().clone();
+                let claims_before = p.claims().clone();
+                let res = p.set_claims(prop_claims(mask));
+                match &res {
+                    Ok(d) => {
+                        check_exact(d, &before, p.assignments(), None)?;
+                        for (k, a) in d.iter() {
+                            mirror.insert(k.clone(), a.clone());
+                        }
+                        // containers whose claims are gone run as any other
+                        for (k, a) in p.assignments() {
+                            if a.pool != CLAIM_POOL
+                                && let Some(r) = reqs.get_mut(k)
+                            {
+                                r.cpu_claims.clear();
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        prop_assert_eq!(p.assignments(), &before, "a refusal changed state");
+                        prop_assert_eq!(p.claims(), &claims_before, "a refusal changed the claims");
+                    }
+                }
+                res
+            }
+            Op::AllocClaimed { pod, second } => {
+                let mut r = req(&format!("p{pod}"), Qos::Burstable, 100);
+                let uid = if second { "c2" } else { "c1" };
+                r.cpu_claims = vec![uid.to_owned()];
+                let before = p.assignments().clone();
+                let res = p.allocate(&r);
+                match &res {
+                    Ok(d) => {
+                        check_exact(d, &before, p.assignments(), Some(&r.key))?;
+                        prop_assert_eq!(
+                            &d.get(&r.key).map(|a| a.cpus.clone()),
+                            &p.claims().get(uid).cloned()
+                        );
+                        for (k, a) in d.iter() {
+                            mirror.insert(k.clone(), a.clone());
+                        }
+                        reqs.insert(r.key.clone(), r.clone());
+                    }
+                    Err(_) => {
+                        prop_assert!(!p.claims().contains_key(uid), "a prepared claim refused");
+                        prop_assert_eq!(p.assignments(), &before, "a refusal changed state");
+                    }
+                }
+                res
+            }
         };
+        let claimed: CpuSet = p
+            .claims()
+            .values()
+            .fold(CpuSet::new(), |acc, c| acc.union(c));
         // decisions carry every change
         prop_assert_eq!(&mirror, p.assignments());
         let asg = p.assignments();
@@ -192,9 +271,23 @@ fn run_ops(
                     k
                 );
             }
+            if a.pool == CLAIM_POOL {
+                let mine = r
+                    .cpu_claims
+                    .iter()
+                    .filter_map(|c| p.claims().get(c))
+                    .fold(CpuSet::new(), |acc, c| acc.union(c));
+                prop_assert_eq!(&a.cpus, &mine, "{} is not on its claims' CPUs", k);
+            } else {
+                prop_assert!(
+                    a.cpus.is_disjoint(&claimed),
+                    "{} runs on CPUs prepared for a claim",
+                    k
+                );
+            }
             if a.exclusive {
                 for (k2, a2) in asg {
-                    if k2 != k {
+                    if k2 != k && !(a.pool == CLAIM_POOL && a2.pool == CLAIM_POOL) {
                         prop_assert!(
                             a.cpus.is_disjoint(&a2.cpus),
                             "exclusive CPUs of {} shared with {}",
@@ -226,6 +319,7 @@ fn run_ops(
                     .online_cpus()
                     .difference(&cfg.reserved_cpus)
                     .difference(t.isolated_cpus())
+                    .difference(&claimed)
                     .difference(&excl);
                 prop_assert_eq!(&a.cpus, &expect);
             }
@@ -239,6 +333,8 @@ fn run_ops(
         .map(|(k, a)| (reqs[k].clone(), a.clone()))
         .collect();
     let mut q = new_policy(kind, &t, &cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    q.set_claims(p.claims().clone())
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let d = q
         .restore(persisted)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -110,9 +110,9 @@ fn build_pools(env: &Env) -> Vec<Pool> {
     let topo = &env.topo;
     let usable = topo
         .online_cpus()
-        .difference(&env.reserved)
+        .difference(&env.not_placed)
         .difference(topo.isolated_cpus());
-    let isolated = topo.isolated_cpus().difference(&env.reserved);
+    let isolated = topo.isolated_cpus().difference(&env.not_placed);
     // attach CPU-less nodes to the nearest node with CPUs
     let cpu_nodes: Vec<u32> = topo
         .nodes()
