@@ -27,6 +27,7 @@ mod slot_keeper;
 pub mod source;
 pub mod status;
 pub mod store;
+pub mod watches;
 
 use std::future::Future;
 
@@ -80,13 +81,20 @@ pub async fn run(
     };
 
     let mut background = Vec::new();
-    let client = match &cfg.mode {
-        Mode::Kubernetes(client) => Some(client.clone()),
+    // One watch per kind for the whole agent (Kubernetes mode), opened on
+    // first use and handed to every consumer of the kind.
+    let watches = match &cfg.mode {
+        Mode::Kubernetes(client) => Some(watches::AgentWatches::new(
+            client.clone(),
+            &cfg.node_name,
+            cfg_selection(cfg.select_by_node_labels, &cfg.node_name),
+        )),
         Mode::Standalone { .. } => None,
     };
     let view = match &cfg.pod_resources {
         Some(pr) => {
-            let running = pod_resources::start(pr, client, &cfg.node_name, &stop)?;
+            let pods = watches.as_ref().map(watches::AgentWatches::pods);
+            let running = pod_resources::start(pr, pods, &stop)?;
             background.extend(running.tasks);
             Some((running.hub, running._socket))
         }
@@ -99,20 +107,32 @@ pub async fn run(
     // store is free when `run` returns.
     let mut local_api = None;
     let local_view = local_api::LocalView::default();
+    let mut watches = watches;
     let (status, kube_store) = match &cfg.mode {
         Mode::Kubernetes(client) => {
+            let watches = &*watches.get_or_insert_with(|| {
+                watches::AgentWatches::new(
+                    client.clone(),
+                    &cfg.node_name,
+                    cfg_selection(cfg.select_by_node_labels, &cfg.node_name),
+                )
+            });
             let (events, events_task) = events::EventSink::start(client.clone(), &cfg.node_name);
             background.push(events_task);
-            background.push(tokio::spawn(source::kube_source(client.clone(), cfg_tx)));
+            background.push(tokio::spawn(source::kube_source(
+                client.clone(),
+                watches.configurations(),
+                cfg_tx,
+            )));
             if cfg.follow_node_deletions {
-                background.push(tokio::spawn(nodes::watch_nodes(client.clone(), node_tx)));
+                background.push(tokio::spawn(nodes::watch_nodes(watches.nodes(), node_tx)));
             } else {
                 drop(node_tx);
             }
             if cfg.dra_slices {
                 let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
                 let layout = cfg.dra_layout;
-                let select = cfg.select_by_node_labels;
+                let watches = watches.clone();
                 dra_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                     // An older cluster: one warning, no ResourceSlices; the
                     // device plugins and the rest go on.
@@ -123,8 +143,8 @@ pub async fn run(
                     )
                     .await
                     {
-                        let selection = cfg_selection(select, &node);
-                        dra::publish(client, node, layout, selection, stop).await;
+                        let (instances, claims) = (watches.instances(), watches.slot_claims());
+                        dra::publish(client, node, layout, instances, claims, stop).await;
                     }
                 })));
             }
@@ -133,7 +153,7 @@ pub async fn run(
                     &cfg,
                     events.clone(),
                     dp.clone(),
-                    client.clone(),
+                    watches.clone(),
                     state.clone(),
                     metrics.device_plugins.clone(),
                     hub.clone(),
@@ -243,19 +263,21 @@ fn device_plugins(
     cfg: &AgentConfig,
     events: events::EventSink,
     dp: deviceplugin::DevicePluginConfig,
-    client: kube::Client,
+    watches: watches::AgentWatches,
     state: NodeStore,
     metrics: deviceplugin::DevicePluginMetrics,
     view: Option<std::sync::Arc<steward_podresources::Hub>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let selection = cfg_selection(cfg.select_by_node_labels, &cfg.node_name);
+    let client = watches.client().clone();
+    let selection = watches.selection().clone();
     let mut dp = dp;
     dp.selection = selection.clone();
     let directory = claims::InstanceDirectory::new();
     let mut parts = deviceplugin::DevicePluginParts {
         node: cfg.node_name.clone(),
         client: client.clone(),
+        watches: watches.clone(),
         local: claims::LocalClaimStore::new(state),
         cluster: claims::KubeClaimStore::new(client.clone(), directory.clone())
             .with_selection(selection.clone()),
@@ -275,7 +297,7 @@ fn device_plugins(
             Box::pin(dra::kubelet::serve(core, client, dra, readiness))
         }));
     }
-    let run = deviceplugin::run(parts, claims::watch_claims(client, selection), shutdown);
+    let run = deviceplugin::run(parts, claims::watch_claims(watches.slot_claims()), shutdown);
     async move {
         if let Err(e) = run.await {
             tracing::error!(error = %e, "device plugins failed");

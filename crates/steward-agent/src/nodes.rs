@@ -5,33 +5,24 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use steward_kube::{Change, SharedWatch};
 use tokio::sync::mpsc;
 
 /// Send the name of every Node deleted while watching. Ends when `tx` closes.
 ///
 /// Only observed deletions count: a Node that vanished while the watch was
 /// down is not inferred from a re-list (a node whose Node object is merely
-/// late must not be evicted from its own Instances).
-pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<String>) {
-    let api = Api::<PartialObjectMeta<Node>>::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .backoff(steward_kube::backoff())
-        .boxed();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Delete(node)) => {
-                if let Some(name) = node.metadata.name
-                    && tx.send(name).await.is_err()
-                {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "Node watch failed; retrying"),
+/// late must not be evicted from its own Instances). `nodes` is the
+/// agent's shared watch of the Nodes' metadata.
+pub async fn watch_nodes(nodes: SharedWatch<PartialObjectMeta<Node>>, tx: mpsc::Sender<String>) {
+    let mut changes = nodes.subscribe();
+    while let Some(change) = changes.next().await {
+        if let Change::Deleted(node) = change
+            && let Some(name) = node.metadata.name
+            && tx.send(name).await.is_err()
+        {
+            return;
         }
     }
 }

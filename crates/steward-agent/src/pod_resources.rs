@@ -6,20 +6,19 @@
 //! `deviceplugin::view`), the CRI resource manager's assignments (followed
 //! over the proxy's own pod resources socket, when configured), and
 //! kubelet's report (its pod resources socket, polled; kubelet's `List`
-//! names pods without UIDs, so they are resolved through a mirror of this
-//! node's pods' UIDs, whose deletions also drop a pod from the view at
-//! once).
+//! names pods without UIDs, so they are resolved through the store of the
+//! agent's shared watch of this node's pods, whose deletions also drop a
+//! pod from the view at once).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use steward_core::ledger::Source;
-use steward_kube::{Mirror, ObjectKey, follow};
+use steward_kube::{Change, ObjectKey, SharedWatch};
 use steward_podresources::follow::{Resolver, follow_list, follow_watch};
 use steward_podresources::{Hub, PodResourcesMetrics, WatchLimits};
 use tokio::task::JoinHandle;
@@ -76,11 +75,11 @@ pub(crate) struct Running {
     pub _socket: steward_nodeio::SocketGuard,
 }
 
-/// Binds the socket and starts serving and following.
+/// Binds the socket and starts serving and following; `pods` is the
+/// agent's shared watch of this node's pods (Kubernetes mode).
 pub(crate) fn start(
     cfg: &PodResourcesConfig,
-    client: Option<kube::Client>,
-    node: &str,
+    pods: Option<SharedWatch<Pod>>,
     stop: &CancellationToken,
 ) -> Result<Running, AgentError> {
     let hub = Hub::new(cfg.limits, cfg.metrics.clone());
@@ -115,40 +114,25 @@ pub(crate) fn start(
             stop.clone(),
         )));
     }
-    if let (Some(client), Some(kubelet)) = (client, &cfg.kubelet_socket) {
-        // This node's pods: their UIDs by namespace and name.
-        let uids = Arc::new(Mutex::new(Mirror::projected(|p: Pod| p.uid())));
-        let pods: Api<Pod> = Api::all(client);
-        let selector = format!("spec.nodeName={node}");
-        let changes = follow(pods, watcher::Config::default().fields(&selector));
+    if let (Some(pods), Some(kubelet)) = (pods, &cfg.kubelet_socket) {
+        // This node's pods: a deletion drops the pod from the view at once;
+        // one missing from a relist waits for kubelet's list.
         {
-            let (hub, uids) = (hub.clone(), uids.clone());
+            let (hub, mut changes) = (hub.clone(), pods.subscribe());
             tasks.push(tokio::spawn(async move {
-                let mut changes = std::pin::pin!(changes);
                 while let Some(change) = changes.next().await {
-                    let applied = uids
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .apply(change);
-                    match applied {
-                        // A pod deleted drops out of the view at once; one
-                        // missing from a relist waits for kubelet's list.
-                        Ok(delta) if !delta.relisted => {
-                            for (_, uid) in delta.removed {
-                                hub.pod_gone(&uid);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::debug!(error = %e, "pod watch for the node view"),
+                    if let Change::Deleted(pod) = change
+                        && let Some(uid) = pod.uid()
+                    {
+                        hub.pod_gone(&uid);
                     }
                 }
             }));
         }
+        // Their UIDs by namespace and name, from the watch's store.
+        let pods = pods.reader();
         let resolve: Resolver = Arc::new(move |ns: &str, name: &str| {
-            uids.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&ObjectKey::new(ns, name))
-                .cloned()
+            pods.get(&ObjectKey::new(ns, name)).and_then(|p| p.uid())
         });
         tasks.push(tokio::spawn(follow_list(
             hub.clone(),

@@ -34,11 +34,18 @@ struct Agent {
 impl Agent {
     fn start(api: &ApiServer, node: &str) -> Self {
         let stop = CancellationToken::new();
+        // The agent's shared watches of the Instances and SlotClaims.
+        let watches = steward_agent::watches::AgentWatches::new(
+            api.client(),
+            node,
+            steward_agent::selection::Selection::all(),
+        );
         let task = tokio::spawn(publish(
             api.client(),
             node.to_owned(),
             steward_core::dra::Layout::PerSlot,
-            steward_agent::selection::Selection::all(),
+            watches.instances(),
+            watches.slot_claims(),
             stop.clone(),
         ));
         Self { stop, task }

@@ -12,6 +12,8 @@
 //!   that Configuration's devices by CEL.
 //! * [`node_gone`]: the leader removes deleted Nodes from the Instances
 //!   (deleting Instances no node sees any more).
+//! * [`leader_watches`]: the leader's one watch per kind, shared by the
+//!   tasks of its lead.
 //! * [`node_labels`]: the leader keeps the node-membership labels the
 //!   agents' selected watches follow.
 //! * [`metrics`]: the controller's leadership and the Reservations by
@@ -28,6 +30,7 @@ pub mod deviceclass;
 pub mod direct;
 pub mod extender;
 mod http;
+pub mod leader_watches;
 pub mod ledger_picture;
 pub mod metrics;
 pub mod node_gone;

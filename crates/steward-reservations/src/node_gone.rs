@@ -1,9 +1,11 @@
 //! The leader removes a deleted Node from every Instance that names it,
 //! deleting Instances no node sees any more.
 //!
-//! One watch of the Nodes' metadata, the leader's: were every agent to
+//! The leader's Node watch (shared with its decision loop: one watch of
+//! the Nodes per leader), read for the names only: were every agent to
 //! follow the Nodes, each would receive every Node's every change (its
-//! heartbeats included) — N² events at rest. A deletion observed on the
+//! heartbeats included) — N² events at rest. The Instances are read from
+//! the leader's Instance store, not listed. A deletion observed on the
 //! watch is applied at once. A deletion missed (a watch gap, a takeover)
 //! is found after each full list: a node that Instances name but that has
 //! stayed absent from the Nodes for [`NodeGoneConfig::grace`] is removed
@@ -14,16 +16,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
-use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::EventType;
-use kube::runtime::watcher::{self, Event};
 use steward_api::{API_VERSION, Instance, instance_view};
 use steward_core::discovery::instances::{InstanceOp, plan_node_gone};
-use steward_kube::EventSink;
+use steward_kube::{Change, EventSink, Reader};
+
+use crate::leader_watches::LeaderWatches;
 use tokio::time::Instant;
 
 /// How deleted nodes are found.
@@ -49,15 +50,24 @@ impl Default for NodeGoneConfig {
 }
 
 /// Follows the Nodes and removes the deleted ones from the Instances;
-/// never returns (run while leading, dropped on losing the lead).
+/// never returns (run while leading, dropped on losing the lead). With
+/// watches of its own: [`maintain_with`] shares the leader's.
 pub async fn maintain(client: kube::Client, cfg: NodeGoneConfig, events: EventSink) {
-    let api = Api::<PartialObjectMeta<Node>>::all(client.clone());
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .backoff(steward_kube::backoff())
-        .boxed();
-    // Nodes present, as of the watch (during a relist: the list so far).
+    let watches = LeaderWatches::new(client.clone());
+    maintain_with(client, cfg, events, &watches).await;
+}
+
+/// [`maintain`] on the leader's shared Node and Instance watches.
+pub async fn maintain_with(
+    client: kube::Client,
+    cfg: NodeGoneConfig,
+    events: EventSink,
+    watches: &LeaderWatches,
+) {
+    let mut changes = watches.nodes().subscribe();
+    let instances = watches.instances().reader();
+    // Nodes present, as of the watch.
     let mut present = BTreeSet::new();
-    let mut listing = BTreeSet::new();
     // Nodes to remove, and when the next try is due.
     let mut gone: BTreeMap<String, Instant> = BTreeMap::new();
     // When the next sweep for missed deletions is due.
@@ -71,38 +81,36 @@ pub async fn maintain(client: kube::Client, cfg: NodeGoneConfig, events: EventSi
             }
         };
         tokio::select! {
-            ev = stream.next() => match ev {
-                Some(Ok(Event::Delete(node))) => {
+            change = changes.next() => match change {
+                Some(Change::Deleted(node)) => {
                     if let Some(name) = node.metadata.name {
                         present.remove(&name);
                         gone.insert(name, Instant::now());
                     }
                 }
-                Some(Ok(Event::Apply(node))) => {
+                Some(Change::Applied(node)) => {
                     if let Some(name) = node.metadata.name {
                         gone.remove(&name);
                         present.insert(name);
                     }
                 }
-                Some(Ok(Event::Init)) => listing.clear(),
-                Some(Ok(Event::InitApply(node))) => {
-                    if let Some(name) = node.metadata.name {
-                        gone.remove(&name);
-                        listing.insert(name);
+                // A full list: what it lacks is found by the sweep, after
+                // the grace.
+                Some(Change::Relisted(all)) => {
+                    present = all.into_iter().filter_map(|n| n.metadata.name).collect();
+                    for name in &present {
+                        gone.remove(name);
                     }
-                }
-                Some(Ok(Event::InitDone)) => {
-                    present = std::mem::take(&mut listing);
                     sweep = Some(Instant::now() + cfg.grace);
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "Node watch failed; retrying"),
+                Some(Change::Interrupted(_)) => {}
                 None => std::future::pending::<()>().await,
             },
             () = wake => {
                 let now = Instant::now();
                 if sweep.is_some_and(|at| at <= now) {
                     sweep = None;
-                    match missing(&client, &present).await {
+                    match missing(&instances, &present) {
                         Ok(missing) => {
                             for node in missing {
                                 tracing::info!(node = %node, "Instances name a node that has no Node object; removing it from them");
@@ -110,7 +118,7 @@ pub async fn maintain(client: kube::Client, cfg: NodeGoneConfig, events: EventSi
                             }
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "listing Instances for deleted nodes failed; will retry");
+                            tracing::debug!(error = %e, "looking for deleted nodes in the Instances; will retry");
                             sweep = Some(now + cfg.retry);
                         }
                     }
@@ -136,22 +144,28 @@ pub async fn maintain(client: kube::Client, cfg: NodeGoneConfig, events: EventSi
     }
 }
 
-/// Nodes the Instances name that are not in `present`.
-async fn missing(
-    client: &kube::Client,
+/// Nodes the Instances (the leader's store of them) name that are not in
+/// `present`; an error until the Instances have been listed.
+fn missing(
+    instances: &Reader<Instance>,
     present: &BTreeSet<String>,
-) -> Result<BTreeSet<String>, kube::Error> {
-    let list = Api::<Instance>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    Ok(list
-        .items
+) -> Result<BTreeSet<String>, NotListed> {
+    if !instances.listed() {
+        return Err(NotListed);
+    }
+    Ok(instances
+        .snapshot()
         .iter()
         .flat_map(|i| i.spec.nodes.iter())
         .filter(|n| !present.contains(*n))
         .cloned()
         .collect())
 }
+
+/// The Instances have not been listed yet.
+#[derive(Debug, thiserror::Error)]
+#[error("the Instances have not been listed yet")]
+struct NotListed;
 
 /// Why a removal did not complete.
 #[derive(Debug, thiserror::Error)]

@@ -310,6 +310,12 @@ impl ApiServer {
         self.inner.shared.meter.open_watches()
     }
 
+    /// Watch streams open now, per full `User-Agent` (one client: a node's
+    /// agent, a controller replica) and resource.
+    pub fn open_watches_by_agent(&self) -> BTreeMap<(String, String), u64> {
+        self.inner.shared.meter.open_watches_by_agent()
+    }
+
     /// Stored objects per resource (group-qualified plural, as in
     /// [`Stats::writes`]): `(objects, bytes)`, bytes being the length of
     /// each object's JSON serialization as stored (storage version, with

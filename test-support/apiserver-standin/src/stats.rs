@@ -299,6 +299,9 @@ struct MeterState {
     lists: BTreeMap<ClientResource, ListCounters>,
     /// Live gauge: not cleared by [`Meter::reset`].
     open_watches: BTreeMap<ClientResource, u64>,
+    /// The same gauge per full `User-Agent` (one client process: one node's
+    /// agent, one controller replica).
+    open_watches_by_agent: BTreeMap<(String, String), u64>,
 }
 
 impl Meter {
@@ -369,6 +372,11 @@ impl Meter {
     pub fn open_watches(&self) -> BTreeMap<ClientResource, u64> {
         self.lock().open_watches.clone()
     }
+
+    /// The open-watch gauge per full `User-Agent` and resource.
+    pub fn open_watches_by_agent(&self) -> BTreeMap<(String, String), u64> {
+        self.lock().open_watches_by_agent.clone()
+    }
 }
 
 /// Counts what one watch stream sends; while it lives, the stream counts in
@@ -377,6 +385,8 @@ impl Meter {
 pub(crate) struct WatchMeter {
     meter: Arc<Meter>,
     scope: ClientResource,
+    /// Full `User-Agent` and resource.
+    agent: (String, String),
     /// The keys of the event types sent so far (a handful), to count a line
     /// without building a key.
     keys: Vec<WatchKey>,
@@ -389,10 +399,16 @@ impl WatchMeter {
             component: client_component(user_agent).to_owned(),
             resource,
         };
-        *meter.lock().open_watches.entry(scope.clone()).or_default() += 1;
+        let agent = (user_agent.to_owned(), scope.resource.clone());
+        {
+            let mut st = meter.lock();
+            *st.open_watches.entry(scope.clone()).or_default() += 1;
+            *st.open_watches_by_agent.entry(agent.clone()).or_default() += 1;
+        }
         WatchMeter {
             meter,
             scope,
+            agent,
             keys: Vec::new(),
         }
     }
@@ -431,6 +447,12 @@ impl Drop for WatchMeter {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 st.open_watches.remove(&self.scope);
+            }
+        }
+        if let Some(n) = st.open_watches_by_agent.get_mut(&self.agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.open_watches_by_agent.remove(&self.agent);
             }
         }
     }

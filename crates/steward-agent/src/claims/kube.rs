@@ -66,7 +66,7 @@ use steward_api::{
     API_VERSION, Instance, SlotClaim, SlotClaimSpec, add_node_labels, missing_node_labels,
 };
 use steward_core::slots::{Claim, parse_slot_id};
-use steward_kube::{Change, follow};
+use steward_kube::{Change, SharedWatch};
 
 use crate::selection::Selection;
 
@@ -588,19 +588,19 @@ pub enum ClaimEvent {
     /// once the API server answers.
     Relisted(Vec<Claim>),
     /// The watch failed; it is retried with backoff and continues with a
-    /// [`ClaimEvent::Relisted`].
+    /// [`ClaimEvent::Relisted`]. (A shared watch logs its failures itself:
+    /// [`watch_claims`] does not send this.)
     Interrupted(String),
 }
 
-/// The claims `selection` selects (every node's, or those of the Instances
-/// this node sees), as a stream that never ends: a kube-runtime watcher on
-/// `SlotClaim`s in all namespaces, retrying with backoff. Malformed objects
-/// are skipped with a warning.
+/// The claims of the agent's shared SlotClaim watch (every node's, or
+/// those of the Instances this node sees), as a stream that never ends (a
+/// subscription: relisted from the watch's store if it falls behind).
+/// Malformed objects are skipped with a warning.
 pub fn watch_claims(
-    client: kube::Client,
-    selection: Selection,
+    claims: SharedWatch<SlotClaim>,
 ) -> impl Stream<Item = ClaimEvent> + Send + 'static {
-    follow(Api::<SlotClaim>::all(client), selection.watcher()).filter_map(|change| {
+    claims.subscribe().filter_map(|change| {
         futures::future::ready(match change {
             Change::Relisted(listed) => Some(ClaimEvent::Relisted(
                 listed.iter().filter_map(claim_of).collect(),

@@ -123,6 +123,10 @@ pub enum DevicePluginError {
 pub struct DevicePluginParts<L, C> {
     pub node: String,
     pub client: kube::Client,
+    /// The agent's shared watches: the plugins subscribe to its Instances,
+    /// Configurations, pods and Reservations (the claims come in as
+    /// `claim_events`).
+    pub watches: crate::watches::AgentWatches,
     /// The node's durable claim ledger.
     pub local: L,
     /// The cluster's claims.
@@ -179,6 +183,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     let DevicePluginParts {
         node,
         client,
+        watches,
         local,
         cluster,
         config,
@@ -233,16 +238,17 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     let mut tasks = JoinSet::new();
     let (cat_tx, mut cat_rx) = mpsc::channel::<CatalogEvent>(256);
     tasks.spawn(watch::watch_instances(
-        client.clone(),
+        watches.instances(),
         node.clone(),
-        selection.clone(),
         directory,
         cat_tx.clone(),
     ));
-    tasks.spawn(watch::watch_configurations(client.clone(), cat_tx));
+    tasks.spawn(watch::watch_configurations(
+        watches.configurations(),
+        cat_tx,
+    ));
     tasks.spawn(watch::watch_pods(
-        client.clone(),
-        node.clone(),
+        watches.pods(),
         core.clone(),
         podres.clone(),
     ));
@@ -254,8 +260,7 @@ pub async fn run<L: ClaimStore, C: ClaimStore>(
     ));
     tasks.spawn(watch::feed_claims(core.clone(), claim_events));
     tasks.spawn(watch::watch_reservations(
-        client.clone(),
-        selection,
+        watches.reservations(),
         core.clone(),
     ));
     if let Some(hub) = view {

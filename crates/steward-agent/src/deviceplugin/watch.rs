@@ -11,10 +11,9 @@ use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::watcher;
 use steward_api::{Configuration, Instance, Reservation};
 use steward_core::slots::{PodInfo, PodPhase, PodResources, RecoveryInput};
-use steward_kube::{Change, Mirror, follow};
+use steward_kube::{Change, Mirror, SharedWatch};
 use tokio::sync::mpsc;
 
 use super::podresources::PodResourcesClient;
@@ -242,8 +241,8 @@ fn pods_from_kubelet(
         .collect()
 }
 
-/// Instances of every namespace; sends what changed in the set this node
-/// serves, and keeps `directory` current.
+/// The agent's Instances (its shared watch); sends what changed in the set
+/// this node serves, and keeps `directory` current.
 ///
 /// Changes already waiting are applied together before one update is sent.
 /// Only the names a change touches are looked at again and sent, so a
@@ -251,13 +250,12 @@ fn pods_from_kubelet(
 /// thousand copies of a growing set; a relist recomputes and sends the
 /// whole set.
 pub(crate) async fn watch_instances(
-    client: kube::Client,
+    instances: SharedWatch<Instance>,
     node: String,
-    selection: Selection,
     directory: Option<InstanceDirectory>,
     tx: mpsc::Sender<CatalogEvent>,
 ) {
-    let mut changes = follow(Api::<Instance>::all(client), selection.watcher()).boxed();
+    let mut changes = instances.subscribe();
     let mut index = ServedIndex::new(node);
     let mut sent = false;
     while let Some(first) = changes.next().await {
@@ -391,12 +389,11 @@ impl ServedIndex {
 
 /// Configurations of every namespace: their broker properties, and whether
 /// their Instances are served through DRA only.
-pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<CatalogEvent>) {
-    let mut changes = follow(
-        Api::<Configuration>::all(client),
-        watcher::Config::default(),
-    )
-    .boxed();
+pub(crate) async fn watch_configurations(
+    configurations: SharedWatch<Configuration>,
+    tx: mpsc::Sender<CatalogEvent>,
+) {
+    let mut changes = configurations.subscribe();
     let mut known = Mirror::keyed(
         |c: &Configuration| key_of(&c.metadata),
         |c: Configuration| {
@@ -439,17 +436,15 @@ pub(crate) async fn watch_configurations(client: kube::Client, tx: mpsc::Sender<
     }
 }
 
-/// This node's pods (`spec.nodeName=<node>`): reclaim on Deleted and on
+/// This node's pods (the shared `spec.nodeName=<node>` watch): reclaim on Deleted and on
 /// terminal phases, at once; a live pod while slots await attribution is
 /// looked up in kubelet's pod resources.
 pub(crate) async fn watch_pods<L: ClaimStore, C: ClaimStore>(
-    client: kube::Client,
-    node: String,
+    pods: SharedWatch<Pod>,
     core: Arc<SlotKeeper<L, C>>,
     podres: PodResourcesClient,
 ) {
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut changes = follow(Api::<Pod>::all(client), config).boxed();
+    let mut changes = pods.subscribe();
     while let Some(change) = changes.next().await {
         match change {
             Change::Relisted(listed) => {
@@ -551,16 +546,15 @@ pub(crate) async fn feed_claims<L: ClaimStore, C: ClaimStore>(
     }
 }
 
-/// Reservations of every namespace: the slots held at scheduling time for
+/// The agent's Reservations (its shared watch): the slots held at scheduling time for
 /// pods bound for a node (Reserved ones only). Slots reserved for another
 /// node are kept from this node's kubelet (Unhealthy, refused at Allocate)
 /// until the reservation is consumed, canceled or expires.
 pub(crate) async fn watch_reservations<L: ClaimStore, C: ClaimStore>(
-    client: kube::Client,
-    selection: Selection,
+    reservations: SharedWatch<Reservation>,
     core: Arc<SlotKeeper<L, C>>,
 ) {
-    let mut changes = follow(Api::<Reservation>::all(client), selection.watcher()).boxed();
+    let mut changes = reservations.subscribe();
     let slots = |r: &Reservation| -> Vec<(String, String)> {
         match &r.status {
             Some(s) if s.phase == "Reserved" => match &s.node {

@@ -33,11 +33,9 @@ use steward_core::dra::{
     Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, Layout, PoolScope, SLOTS_CAPACITY, SliceDevice,
     SlicePlan, next_generation, plan_with, slice_name,
 };
-use steward_kube::{Mirror, follow};
+use steward_kube::{Mirror, SharedWatch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-
-use crate::selection::Selection;
 
 /// Label naming the node that wrote a slice (a hash when the node name is
 /// not a valid label value).
@@ -453,22 +451,18 @@ fn held_through_plugin(c: &SlotClaim) -> Option<(String, u32)> {
 /// wrote. Slots held through device plugins (their SlotClaims) are
 /// published tainted (for a consumable device: off its capacity); a burst
 /// of claim changes is one sync. Instances of several slots are published
-/// as `layout` says, while the API server keeps consumable devices.
+/// as `layout` says, while the API server keeps consumable devices. The
+/// Instances and SlotClaims are the agent's shared watches of them.
 pub async fn publish(
     client: kube::Client,
     node: String,
     layout: Layout,
-    selection: Selection,
+    instance_watch: SharedWatch<Instance>,
+    claim_watch: SharedWatch<SlotClaim>,
     stop: CancellationToken,
 ) {
-    let mut changes = std::pin::pin!(follow(
-        Api::<Instance>::all(client.clone()),
-        selection.watcher()
-    ));
-    let mut claim_changes = std::pin::pin!(follow(
-        Api::<SlotClaim>::all(client.clone()),
-        selection.watcher()
-    ));
+    let mut changes = instance_watch.subscribe();
+    let mut claim_changes = claim_watch.subscribe();
     let mut instances = Mirror::keyed(
         |i: &Instance| Some(dra_instance(i).0),
         |i: Instance| Some(dra_instance(&i).1),

@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 use steward_api::{Configuration, ConfigurationSpec, DiscoveryProperty, KeyRef, config_key};
 use steward_core::discovery::ConfigKey;
 use steward_discovery::DiscoverRequest;
-use steward_kube::{Change, Mirror, follow};
+use steward_kube::{Mirror, SharedWatch};
 use tokio::sync::mpsc;
 
 use super::{ConfigEvent, ConfigSnapshot};
@@ -215,23 +215,25 @@ fn property_sources(namespace: &str, spec: &ConfigurationSpec) -> BTreeSet<Prope
     out
 }
 
-/// Whether each event of a by-name watch of `api`'s object `name` is a
-/// change worth re-resolving for (it changed, appeared or went away, or the
-/// watch was (re-)established).
-fn changes_of<K>(
-    api: Api<K>,
-    name: &str,
-) -> futures::stream::BoxStream<'static, Result<bool, watcher::Error>>
+/// A by-name watch of `api`'s object `name` (one shared watch per object
+/// referenced): an item each time it changes, appears or goes away, or the
+/// watch was (re-)established.
+fn changes_of<K>(api: Api<K>, name: &str) -> futures::stream::BoxStream<'static, ()>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: kube::Resource
+        + kube::ResourceExt
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
     K::DynamicType: Default,
 {
     let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    follow(api, by_name)
-        .map(|change| match change {
-            Change::Relisted(_) | Change::Applied(_) | Change::Deleted(_) => Ok(true),
-            Change::Interrupted(e) => Err(e),
-        })
+    SharedWatch::start(api, by_name)
+        .subscribe()
+        .map(|_| ())
         .boxed()
 }
 
@@ -250,17 +252,9 @@ async fn watch_source(
             changes_of(Api::<ConfigMap>::namespaced(client, namespace), name)
         }
     };
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(true) => {
-                if tx.send(source.clone()).await.is_err() {
-                    return;
-                }
-            }
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(source = %source, error = %e, "watching a discovery property source failed; retrying")
-            }
+    while events.next().await.is_some() {
+        if tx.send(source.clone()).await.is_err() {
+            return;
         }
     }
 }
@@ -317,13 +311,14 @@ impl Drop for SourceWatches {
 
 /// Watch Configurations in every namespace, and the Secrets and ConfigMaps
 /// their discovery properties read; send spec changes, and changes of the
-/// resolved properties, to `tx`. Ends when `tx` closes.
-pub async fn kube_source(client: kube::Client, tx: mpsc::Sender<ConfigEvent>) {
-    let mut changes = follow(
-        Api::<Configuration>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .boxed();
+/// resolved properties, to `tx`. Ends when `tx` closes. `configurations`
+/// is the agent's shared watch of them.
+pub async fn kube_source(
+    client: kube::Client,
+    configurations: SharedWatch<Configuration>,
+    tx: mpsc::Sender<ConfigEvent>,
+) {
+    let mut changes = configurations.subscribe();
     let (source_tx, mut source_rx) = mpsc::channel(64);
     let mut watches = SourceWatches {
         client: client.clone(),

@@ -26,13 +26,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt as _, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
-use kube::runtime::watcher;
-use steward_api::{Instance, Reservation, SlotClaim};
 use steward_core::Millis;
+use steward_kube::EventSink;
 use steward_kube::lease::{LeaseConfig, elect_with_proof};
-use steward_kube::{EventSink, follow};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -41,6 +37,7 @@ use crate::direct::ENDPOINT_ANNOTATION;
 use crate::direct::client::Leader;
 use crate::direct::pending::Ask;
 use crate::direct::server::{DecideHandle, DecideTls};
+use crate::leader_watches::LeaderWatches;
 use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
 use crate::node_gone::{self, NodeGoneConfig};
@@ -236,16 +233,20 @@ pub async fn run(
             "leading: deciding reservations"
         );
         cfg.metrics.leading.set(1);
+        // One watch per kind for the lead, shared by its tasks; they all
+        // end with it.
+        let watches = LeaderWatches::new(client.clone());
         let ended = tokio::select! {
-            () = decide(client.clone(), &cfg, events.clone(), &mut asked) => false,
-            () = device_classes(client.clone(), cfg.device_classes, events.clone()) => false,
-            () = nodes_gone(client.clone(), cfg.node_gone.clone(), events.clone()) => false,
+            () = decide(client.clone(), &cfg, events.clone(), &mut asked, &watches) => false,
+            () = device_classes(client.clone(), cfg.device_classes, events.clone(), &watches) => false,
+            () = nodes_gone(client.clone(), cfg.node_gone.clone(), events.clone(), &watches) => false,
             () = lost(&mut leading) => {
                 tracing::warn!(identity = %cfg.lease.identity, "no longer leader: stopped deciding");
                 false
             }
             () = stop.cancelled() => true,
         };
+        drop(watches);
         // A standby reports nothing it does not decide.
         cfg.metrics.leading.set(0);
         cfg.metrics.set_phases(&[], None);
@@ -264,18 +265,28 @@ pub async fn run(
 
 /// Keeps the DeviceClasses while leading when `on`; never returns (not
 /// even when the cluster does not serve DeviceClasses: the decisions go on).
-async fn device_classes(client: kube::Client, on: bool, events: EventSink) {
+async fn device_classes(
+    client: kube::Client,
+    on: bool,
+    events: EventSink,
+    watches: &LeaderWatches,
+) {
     if on {
-        crate::deviceclass::maintain(client, events).await;
+        crate::deviceclass::maintain_with(client, events, watches).await;
     }
     std::future::pending::<()>().await;
 }
 
 /// Removes deleted Nodes from the Instances while leading when asked;
 /// never returns.
-async fn nodes_gone(client: kube::Client, cfg: Option<NodeGoneConfig>, events: EventSink) {
+async fn nodes_gone(
+    client: kube::Client,
+    cfg: Option<NodeGoneConfig>,
+    events: EventSink,
+    watches: &LeaderWatches,
+) {
     if let Some(cfg) = cfg {
-        node_gone::maintain(client, cfg, events).await;
+        node_gone::maintain_with(client, cfg, events, watches).await;
     }
     std::future::pending::<()>().await;
 }
@@ -290,14 +301,14 @@ async fn decide(
     cfg: &ControllerConfig,
     events: EventSink,
     asks: &mut mpsc::Receiver<Ask>,
+    watches: &LeaderWatches,
 ) {
     tokio::time::sleep(cfg.takeover_horizon).await;
-    let all = watcher::Config::default;
-    let mut instances = follow(Api::<Instance>::all(client.clone()), all()).boxed();
-    let mut claims = follow(Api::<SlotClaim>::all(client.clone()), all()).boxed();
-    let mut reservations = follow(Api::<Reservation>::all(client.clone()), all()).boxed();
-    let mut pods = follow(Api::<Pod>::all(client.clone()), all()).boxed();
-    let mut nodes = follow(Api::<Node>::all(client.clone()), all()).boxed();
+    let mut instances = watches.instances().subscribe();
+    let mut claims = watches.slot_claims().subscribe();
+    let mut reservations = watches.reservations().subscribe();
+    let mut pods = watches.pods().subscribe();
+    let mut nodes = watches.nodes().subscribe();
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut picture = LedgerPicture::default();

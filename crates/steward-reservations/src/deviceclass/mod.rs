@@ -39,13 +39,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use steward_api::{
-    CONDITION_DRA_EXTENDED_RESOURCES, Configuration, Instance, REASON_CLASSES_WRITTEN,
-    REASON_FEATURE_OFF, set_condition,
+    CONDITION_DRA_EXTENDED_RESOURCES, Configuration, REASON_CLASSES_WRITTEN, REASON_FEATURE_OFF,
+    set_condition,
 };
-use steward_kube::{Change, EventSink, ObjectKey, follow};
+use steward_kube::{Change, EventSink, ObjectKey};
+
+use crate::leader_watches::LeaderWatches;
 
 pub use extended::{
     ExtendedInstance, INSTANCE_ANNOTATION, add_desired, instance_class_for, instance_class_name,
@@ -79,22 +80,20 @@ enum Outcome {
 /// warning, on a cluster that does not serve `resource.k8s.io/v1`
 /// DeviceClasses (Kubernetes before 1.34).
 pub async fn maintain(client: kube::Client, events: EventSink) {
+    let watches = LeaderWatches::new(client.clone());
+    maintain_with(client, events, &watches).await;
+}
+
+/// [`maintain`] on the leader's shared watches.
+pub async fn maintain_with(client: kube::Client, events: EventSink, watches: &LeaderWatches) {
     if !steward_kube::dra_served(&client, "deviceclasses", "writing DeviceClasses").await {
         return;
     }
     let api = Api::<DeviceClass>::all(client.clone());
     let status_client = client.clone();
-    let mut configurations = follow(
-        Api::<Configuration>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .boxed();
-    let mut instances = follow(Api::<Instance>::all(client), watcher::Config::default()).boxed();
-    let mut classes = follow(
-        api.clone(),
-        watcher::Config::default().labels(OWNED_SELECTOR),
-    )
-    .boxed();
+    let mut configurations = watches.configurations().subscribe();
+    let mut instances = watches.instances().subscribe();
+    let mut classes = watches.device_classes(OWNED_SELECTOR).subscribe();
     let mut state = Classes::default();
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut noted: Vec<String> = Vec::new();

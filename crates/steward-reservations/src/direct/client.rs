@@ -14,7 +14,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::watcher;
 use steward_api::Reservation;
-use steward_kube::{Change, follow};
+use steward_kube::{Change, SharedWatch};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -126,7 +126,7 @@ impl Leader {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let name = name.to_owned();
         let task = tokio::spawn(async move {
-            let mut changes = follow(api, config).boxed();
+            let mut changes = SharedWatch::start(api, config).subscribe();
             while let Some(c) = changes.next().await {
                 let now = match c {
                     Change::Relisted(all) => all.iter().find_map(holder_of),

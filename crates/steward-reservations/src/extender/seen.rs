@@ -15,7 +15,7 @@ use futures::StreamExt;
 use kube::Api;
 use kube::runtime::watcher;
 use steward_api::Reservation;
-use steward_kube::{Change, Mirror, ObjectKey, follow};
+use steward_kube::{Change, Mirror, ObjectKey, SharedWatch};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -86,7 +86,9 @@ impl Seen {
 }
 
 async fn follow_all(api: Api<Reservation>, seen: Arc<Seen>) {
-    let mut changes = follow(api, watcher::Config::default()).boxed();
+    // The extender's one Reservation watch (its only consumer keeps the
+    // slim projection above).
+    let mut changes = SharedWatch::start(api, watcher::Config::default()).subscribe();
     while let Some(change) = changes.next().await {
         seen.apply(change);
     }

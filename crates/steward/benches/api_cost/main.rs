@@ -21,7 +21,9 @@
 //!
 //! Printed per N: requests, writes, watch events and bytes per pod
 //! lifecycle and per node per hour, by component and resource; objects
-//! per node; open watches; Akri's model from the same run. Then each
+//! per node; open watches, in all and per process by kind (each agent,
+//! the leader, the standby, each extender and resource manager); Akri's
+//! model from the same run. Then each
 //! counter fitted across the sizes and extrapolated to 5,000 nodes and
 //! 150,000 pods (`fit.rs`).
 //!
@@ -200,6 +202,8 @@ async fn measure(n: usize, sizes: &Sizes) -> Measured {
     tokio::time::sleep(sizes.run).await;
     let stored = stand.api.stored();
     let open = stand.api.open_watches();
+    let open_by_process = stand.api.open_watches_by_agent();
+    let leader = stand::leader(&stand.api).await;
     let run = close(&stand, t);
     let fds = fds();
 
@@ -227,6 +231,8 @@ async fn measure(n: usize, sizes: &Sizes) -> Measured {
         delete,
         stored,
         open,
+        open_by_process,
+        leader,
         akri,
         rss,
         fds,

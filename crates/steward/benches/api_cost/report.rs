@@ -43,6 +43,10 @@ pub struct Measured {
     pub stored: BTreeMap<String, (u64, u64)>,
     /// Watches open with the pods running.
     pub open: BTreeMap<ClientResource, u64>,
+    /// The same per client process (full User-Agent) and resource.
+    pub open_by_process: BTreeMap<(String, String), u64>,
+    /// The controller replica holding the Lease then (its identity).
+    pub leader: Option<String>,
     /// Akri's model from the claim-write timeline: (Instance writes, of
     /// which conflicting).
     pub akri: (u64, u64),
@@ -314,6 +318,10 @@ impl Measured {
             );
         }
         println!("api_cost/N={n} open watches: {open}");
+        println!(
+            "api_cost/N={n} watches open per process, by kind: {}",
+            self.per_process()
+        );
         let (writes, conflicts) = self.akri;
         let c = conflicts as f64 / writes.max(1) as f64;
         let inst = self
@@ -386,4 +394,67 @@ fn by_resource(stats: &[&Stats], div: f64, split: Split) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `{kind n, ...}`.
+fn kinds(m: &BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = m.iter().map(|(k, v)| format!("{} {v}", short(k))).collect();
+    format!("{{{}}}", parts.join(", "))
+}
+
+impl Measured {
+    /// Watches each process holds, by kind: every agent (the most any one
+    /// node's agent holds of each kind, and whether all agree), the leader,
+    /// the standby, each extender and resource manager.
+    fn per_process(&self) -> String {
+        // process (full User-Agent) -> resource -> open watches
+        let mut by: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+        for ((ua, resource), v) in &self.open_by_process {
+            by.entry(ua.as_str())
+                .or_default()
+                .insert(resource.clone(), *v);
+        }
+        let mut out = Vec::new();
+        for (component, role) in [
+            ("steward-agent", "agent"),
+            ("steward-resmgr", "resmgr"),
+            ("steward-extender", "extender"),
+        ] {
+            let each: Vec<&BTreeMap<String, u64>> = by
+                .iter()
+                .filter(|(ua, _)| ua.starts_with(&format!("{component}/")))
+                .map(|(_, m)| m)
+                .collect();
+            let mut most: BTreeMap<String, u64> = BTreeMap::new();
+            for m in &each {
+                for (k, v) in *m {
+                    let e = most.entry(k.clone()).or_default();
+                    *e = (*e).max(*v);
+                }
+            }
+            let same = each.windows(2).all(|w| w[0] == w[1]);
+            out.push(format!(
+                "{role} (each of {}{}) {}",
+                each.len(),
+                if same { "" } else { ", most of any" },
+                kinds(&most)
+            ));
+        }
+        for (ua, m) in by
+            .iter()
+            .filter(|(ua, _)| ua.starts_with("steward-controller/"))
+        {
+            let identity = ua
+                .rsplit_once('(')
+                .map(|(_, i)| i.trim_end_matches(')'))
+                .unwrap_or_default();
+            let role = if self.leader.as_deref() == Some(identity) {
+                "leader"
+            } else {
+                "standby"
+            };
+            out.push(format!("{role} ({identity}) {}", kinds(m)));
+        }
+        out.join("; ")
+    }
 }

@@ -297,3 +297,14 @@ pub async fn instances(api: &ApiServer) -> BTreeMap<String, (String, Vec<String>
         })
         .collect()
 }
+
+/// The controller replica holding the Lease (its identity), if any.
+pub async fn leader(api: &ApiServer) -> Option<String> {
+    let client = api.client_with_user_agent(PROBE).unwrap();
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client, SYSTEM_NS)
+        .get("steward-controller")
+        .await
+        .ok()?
+        .spec?
+        .holder_identity
+}
