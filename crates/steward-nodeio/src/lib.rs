@@ -11,6 +11,9 @@
 //! * [`bounded`] — HTTP/1.1 serving with every resource bounded (deadlines,
 //!   body limit, buffered bytes, connections, accept back-off), shared by
 //!   every HTTP listener.
+//! * [`kubelet_plugin`] — a kubelet DRA plugin's sockets for any driver:
+//!   registration on kubelet's plugin watcher directory, the driver's
+//!   services on its DRA socket, both served again when removed.
 //! * [`incoming`] — a unix listener for tonic and hyper servers that, when
 //!   the server asks for it, lets gRPC C-core clients in (their default
 //!   `:authority` for a unix socket is not a URI authority, which h2 refuses;
@@ -23,6 +26,7 @@ pub mod durable;
 mod error;
 pub mod identity;
 pub mod incoming;
+pub mod kubelet_plugin;
 pub mod readiness;
 pub mod socket;
 

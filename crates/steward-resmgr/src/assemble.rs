@@ -24,6 +24,10 @@ pub(crate) struct Assembled {
     pub tasks: Vec<JoinHandle<()>>,
     /// Sockets besides the transport's (pod resources), removed when dropped.
     pub socket_guards: Vec<steward_nodeio::SocketGuard>,
+    /// Moves after every cache save: each follower of the manager's
+    /// assignments (Node publication, the CPU devices) holds its own
+    /// receiver (`ResourceManager::saved` wakes one waiter only).
+    pub saves: watch::Receiver<u64>,
 }
 
 pub(crate) fn choose_policy(
@@ -190,6 +194,16 @@ pub(crate) async fn assemble(
             }
         }));
     }
+    let (saves_tx, saves) = watch::channel(0u64);
+    {
+        let m = manager.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                m.saved().await;
+                saves_tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }));
+    }
     let (publish_tx, publish_rx) = watch::channel(None);
     if let Some(c) = &cfg.cluster {
         let (sink, events_task) = steward_kube::EventSink::start(
@@ -211,10 +225,9 @@ pub(crate) async fn assemble(
         )));
         // The free exclusive CPUs change with every placement: the
         // Node is patched only when the document changed.
-        let (m, tx) = (manager.clone(), publish_tx.clone());
+        let (m, tx, mut saved) = (manager.clone(), publish_tx.clone(), saves.clone());
         tasks.push(tokio::spawn(async move {
-            loop {
-                m.saved().await;
+            while saved.changed().await.is_ok() {
                 offer(&tx, m.publication().await);
             }
         }));
@@ -258,5 +271,6 @@ pub(crate) async fn assemble(
         stop,
         tasks,
         socket_guards,
+        saves,
     })
 }

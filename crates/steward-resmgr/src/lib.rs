@@ -22,7 +22,8 @@
 //! The same resource manager also runs as an NRI plugin of the runtime
 //! ([`nri::NriPlugin`], `steward nri-plugin`): driven by the runtime's NRI
 //! events instead of intercepted CRI calls, with the same placement
-//! (`assemble.rs` builds both).
+//! (`assemble.rs` builds both). With [`dra`], the NRI plugin is also a DRA
+//! driver of its own, `cpu.steward.dev`: the node's CPUs as devices.
 
 mod assemble;
 pub mod assignments;
@@ -31,6 +32,7 @@ pub mod cgroups;
 pub mod cluster_config;
 pub mod config;
 pub mod control;
+pub mod dra;
 pub mod error;
 pub mod manager;
 pub mod metrics;
@@ -91,6 +93,7 @@ impl Proxy {
             stop,
             mut tasks,
             socket_guards,
+            ..
         } = assembled;
         let listener = server::bind(&cfg.listen, cfg.authority_fix).await?;
         info!(listen = %cfg.listen.display(), runtime = %cfg.runtime.display(), "CRI proxy serving");

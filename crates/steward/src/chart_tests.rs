@@ -17,12 +17,15 @@ use crate::controller::ControllerArgs;
 use crate::extender::ExtenderArgs;
 use crate::{Cli, Command as Subcommand};
 
+mod dra_cpus;
+
 /// The value sets CI renders: default, the resource manager as an NRI plugin
 /// and as the CRI proxy (cluster configuration), the reservation controller
 /// and the extender (with the direct path's NetworkPolicy, and without the
 /// direct path), the NRI plugin with a file configuration, handlers as their
 /// own DaemonSets, no RBAC (bring your own), the agent standalone (no API
-/// server), the smallest agent, and DRA with the controller.
+/// server), the smallest agent, DRA with the controller, and the NRI plugin
+/// as the DRA driver of the node's CPUs.
 const VALUE_SETS: &[&[&str]] = &[
     &[],
     &["resourceManager.enabled=true"],
@@ -74,6 +77,10 @@ const VALUE_SETS: &[&[&str]] = &[
         "dra.enabled=true",
         "dra.consumableCapacity=true",
         "controller.enabled=true",
+    ],
+    &[
+        "resourceManager.enabled=true",
+        "resourceManager.dra.enabled=true",
     ],
 ];
 
@@ -573,6 +580,14 @@ fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("logFormat=xml", "/logFormat"),
         ("dra.enabled=yes", "/dra/enabled"),
+        (
+            "resourceManager.dra.enabled=yes",
+            "/resourceManager/dra/enabled",
+        ),
+        (
+            "resourceManager.dra.cdiDir=var/run/cdi",
+            "/resourceManager/dra/cdiDir",
+        ),
         ("controller.decide.port=0", "/controller/decide/port"),
         (
             "controller.decide.enabled=yes",

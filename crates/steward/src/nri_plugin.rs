@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use steward_resmgr::dra::DraCpuConfig;
 use steward_resmgr::nri::{NriConfig, NriPlugin};
 
 use crate::resmgr_args::ManagerArgs;
@@ -22,6 +23,17 @@ pub struct NriPluginArgs {
     /// The plugin's name.
     #[arg(long, default_value = "steward")]
     nri_name: String,
+    /// Also be the DRA driver cpu.steward.dev: publish this node's CPUs as
+    /// ResourceSlices and prepare ResourceClaims for them (kubelet's DRA
+    /// plugin under --kubelet-root, CDI specs in --cdi-dir). Needs --cluster.
+    #[arg(long, requires = "cluster")]
+    dra_cpus: bool,
+    /// kubelet's root directory (plugins_registry/ and plugins/ are under it), with --dra-cpus.
+    #[arg(long, alias = "kubelet-dir", default_value = "/var/lib/kubelet")]
+    kubelet_root: PathBuf,
+    /// Where the CDI spec files of prepared CPU claims are written, with --dra-cpus.
+    #[arg(long, default_value = steward_resmgr::dra::CDI_DIR_DEFAULT)]
+    cdi_dir: PathBuf,
     #[command(flatten)]
     manager: ManagerArgs,
 }
@@ -43,7 +55,22 @@ pub async fn run(args: NriPluginArgs) -> anyhow::Result<()> {
         .manager
         .start("nri-plugin", "starting: registering with the runtime")
         .await?;
+    let dra = if args.dra_cpus {
+        let cluster = manager.cluster.as_ref().context(
+            "--dra-cpus needs --cluster and this node's name (--node-name or NODE_NAME)",
+        )?;
+        Some(DraCpuConfig::new(
+            cluster.client.clone(),
+            cluster.node_name.clone(),
+            &args.kubelet_root,
+            args.cdi_dir,
+            readiness.clone(),
+        ))
+    } else {
+        None
+    };
     let mut nri = NriConfig::new(manager);
+    nri.dra = dra;
     nri.socket = args.nri_socket;
     nri.index = args.nri_index;
     nri.name = args.nri_name;

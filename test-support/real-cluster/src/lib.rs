@@ -4,6 +4,7 @@
 //! expected and what was seen.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;
@@ -71,6 +72,21 @@ impl Cluster {
             assert!(node_ready(&node), "node {n} is not Ready");
         }
         cluster
+    }
+
+    /// A container's cgroup cpuset (cgroup v1: runc mounts the container's
+    /// own cpuset cgroup there), read through the real kubelet's exec in
+    /// the pod's first container.
+    pub fn cpuset(&self, ns: &str, pod: &str) -> BTreeSet<u32> {
+        cpus_of(&self.kubectl(&[
+            "exec",
+            "-n",
+            ns,
+            pod,
+            "--",
+            "cat",
+            "/sys/fs/cgroup/cpuset/cpuset.cpus",
+        ]))
     }
 
     /// `kubectl --kubeconfig <admin> ARGS`: stdout, or a panic with stderr.
@@ -463,6 +479,20 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A cpuset list ("0-2,4") as a set.
+pub fn cpus_of(list: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => {
+                out.insert(part.parse().unwrap());
+            }
+        }
+    }
+    out
 }
 
 /// A pod of busybox running `sh -c script`, asking `resources` (as limits,

@@ -3,11 +3,10 @@
 //! manager policy is `none`, read back from inside the containers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use steward_real_cluster::{BUSYBOX, Cluster, eventually};
+use steward_real_cluster::{BUSYBOX, Cluster, cpus_of, eventually};
 
 /// Proves: on a node whose kubelet pins nothing (CPU manager `none`), a
 /// Guaranteed pod asking one whole CPU gets one CPU of its own — its
@@ -33,7 +32,7 @@ async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
     eventually(
         "the BestEffort pod on every CPU",
         Duration::from_secs(60),
-        || async { (cpuset(&cluster, &ns.name, "shared") == all).then_some(()) },
+        || async { (cluster.cpuset(&ns.name, "shared") == all).then_some(()) },
     )
     .await;
 
@@ -50,13 +49,13 @@ async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
         p.status.and_then(|s| s.qos_class).as_deref(),
         Some("Guaranteed")
     );
-    let mine = cpuset(&cluster, &ns.name, "pinned");
+    let mine = cluster.cpuset(&ns.name, "pinned");
     assert_eq!(mine.len(), 1, "one exclusive CPU: {mine:?}");
     let shrunk = eventually(
         "the shared pool without the pinned CPU",
         Duration::from_secs(30),
         || async {
-            let s = cpuset(&cluster, &ns.name, "shared");
+            let s = cluster.cpuset(&ns.name, "shared");
             s.is_disjoint(&mine).then_some(s)
         },
     )
@@ -67,7 +66,7 @@ async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
     eventually(
         "the shared pool back on every CPU",
         Duration::from_secs(30),
-        || async { (cpuset(&cluster, &ns.name, "shared") == all).then_some(()) },
+        || async { (cluster.cpuset(&ns.name, "shared") == all).then_some(()) },
     )
     .await;
 }
@@ -94,32 +93,4 @@ fn pod(name: &str, node: &str, limits: Value) -> Value {
             }],
         },
     })
-}
-
-/// The container's cgroup cpuset (cgroup v1: runc mounts the container's
-/// own cpuset cgroup there), read through the real kubelet's exec.
-fn cpuset(cluster: &Cluster, ns: &str, pod: &str) -> BTreeSet<u32> {
-    cpus_of(&cluster.kubectl(&[
-        "exec",
-        "-n",
-        ns,
-        pod,
-        "--",
-        "cat",
-        "/sys/fs/cgroup/cpuset/cpuset.cpus",
-    ]))
-}
-
-/// A cpuset list ("0-2,4") as a set.
-fn cpus_of(list: &str) -> BTreeSet<u32> {
-    let mut out = BTreeSet::new();
-    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
-            None => {
-                out.insert(part.parse().unwrap());
-            }
-        }
-    }
-    out
 }

@@ -16,7 +16,9 @@
 //! * **DRAResourceHealth**, `v1` and `v1alpha1`, on the same socket: device
 //!   health from discovery, streamed (see `health` and `health_wire`).
 //!
-//! Both sockets are re-bound if they disappear. Unprepare of a claim that
+//! The sockets and the registration are the shared skeleton's
+//! ([`steward_nodeio::kubelet_plugin`]): both are re-bound if they
+//! disappear. Unprepare of a claim that
 //! holds nothing answers success: kubelet retries an unprepare error until
 //! it succeeds, so an error would keep the pod from finishing for nothing.
 
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use steward_core::dra::DRIVER;
 use steward_core::ledger::ClaimRef;
-use steward_nodeio::{BindOptions, SocketGuard, UnixIncoming};
+use steward_nodeio::kubelet_plugin::{self, KubeletPlugin};
 use steward_proto::dra::v1::{
     Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
     NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
@@ -35,12 +37,8 @@ use steward_proto::dra::v1::{
     dra_plugin_server::{DraPlugin, DraPluginServer},
 };
 use steward_proto::dra_health::{v1 as health_v1, v1alpha1 as health_v1alpha1};
-use steward_proto::pluginregistration::v1::{
-    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
-    registration_server::{Registration, RegistrationServer},
-};
 use tokio_util::task::AbortOnDropHandle;
-use tonic::transport::Server;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use super::claims::read_claim;
@@ -65,14 +63,12 @@ pub const SUPPORTED_SERVICES: [&str; 3] = [
 /// File name of the registration socket in kubelet's `plugins_registry`.
 pub const REGISTRATION_SOCKET: &str = "steward.dev-reg.sock";
 /// File name of the DRA socket in `<kubelet>/plugins/steward.dev/`.
-pub const PLUGIN_SOCKET: &str = "dra.sock";
+pub const PLUGIN_SOCKET: &str = kubelet_plugin::PLUGIN_SOCKET;
 /// The readiness condition: registered with kubelet.
 pub const READINESS: &str = "dra-plugin";
 
 /// Largest message decoded or encoded (gRPC's default, as kubelet's).
 const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-/// Only kubelet (root) connects.
-const SOCKET_MODE: u32 = 0o600;
 
 /// Where the kubelet plugin lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,43 +110,18 @@ impl DraPluginConfig {
     pub fn plugin_socket(&self) -> PathBuf {
         self.plugin_dir.join(PLUGIN_SOCKET)
     }
-}
 
-struct Registrar {
-    endpoint: String,
-    readiness: steward_nodeio::Readiness,
-}
-
-#[tonic::async_trait]
-impl Registration for Registrar {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        Ok(Response::new(PluginInfo {
-            r#type: PLUGIN_TYPE.to_owned(),
-            name: DRIVER.to_owned(),
-            endpoint: self.endpoint.clone(),
+    /// The shared skeleton's view: driver [`DRIVER`], these directories,
+    /// [`SUPPORTED_SERVICES`], readiness [`READINESS`].
+    fn kubelet_plugin(&self) -> KubeletPlugin {
+        KubeletPlugin {
+            driver: DRIVER.to_owned(),
+            registry_dir: self.registry_dir.clone(),
+            plugin_dir: self.plugin_dir.clone(),
             supported_versions: SUPPORTED_SERVICES.map(str::to_owned).to_vec(),
-        }))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        request: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        let status = request.into_inner();
-        if status.plugin_registered {
-            tracing::info!(
-                driver = DRIVER,
-                "DRA kubelet plugin registered with kubelet"
-            );
-            self.readiness.ready(READINESS);
-        } else {
-            tracing::error!(driver = DRIVER, error = %status.error, "kubelet refused the DRA kubelet plugin");
-            self.readiness.not_ready(
-                READINESS,
-                format!("kubelet refused the registration: {}", status.error),
-            );
+            readiness: READINESS.to_owned(),
+            poll: self.poll,
         }
-        Ok(Response::new(RegistrationStatusResponse {}))
     }
 }
 
@@ -281,25 +252,11 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
     }
 }
 
-fn bind(path: &Path) -> Option<(tokio::net::UnixListener, SocketGuard)> {
-    if let Some(dir) = path.parent()
-        && let Err(e) = std::fs::create_dir_all(dir)
-    {
-        tracing::warn!(path = %dir.display(), error = %e, "cannot create the DRA plugin directory");
-        return None;
-    }
-    match steward_nodeio::bind(path, BindOptions::mode(SOCKET_MODE)) {
-        Ok(bound) => Some(bound),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot bind a DRA plugin socket; retrying");
-            None
-        }
-    }
-}
-
 /// Serves the kubelet plugin until the task is dropped or aborted (the
-/// sockets go with it). The DRA socket is bound before the registration
-/// socket, so kubelet never finds a plugin it cannot call.
+/// sockets go with it): `v1.DRAPlugin` and both health streams on the DRA
+/// socket, through the shared skeleton
+/// ([`steward_nodeio::kubelet_plugin::serve`]), and the safety net
+/// ([`super::gc`]) beside it.
 pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
     core: Weak<SlotKeeper<L, C>>,
     client: kube::Client,
@@ -313,11 +270,7 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
         config.gc_interval,
         config.op_timeout,
     )));
-    loop {
-        let Some((plugin_listener, plugin_guard)) = bind(&config.plugin_socket()) else {
-            tokio::time::sleep(config.poll).await;
-            continue;
-        };
+    let routes = || {
         let node = Node {
             core: core.clone(),
             client: client.clone(),
@@ -331,59 +284,17 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
             core: core.clone(),
             resend: config.health_resend,
         };
-        let plugin = AbortOnDropHandle::new(tokio::spawn(async move {
-            let served = Server::builder()
-                .add_service(
-                    DraPluginServer::new(node)
-                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                )
-                .add_service(
-                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(health_v1),
-                )
-                .add_service(
-                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                        health_v1alpha1,
-                    ),
-                )
-                .serve_with_incoming(UnixIncoming::with_authority_fix(plugin_listener))
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "DRA plugin server failed");
-            }
-        }));
-        let Some((reg_listener, reg_guard)) = bind(&config.registration_socket()) else {
-            drop(plugin);
-            drop(plugin_guard);
-            tokio::time::sleep(config.poll).await;
-            continue;
-        };
-        let registrar = Registrar {
-            endpoint: config.plugin_socket().display().to_string(),
-            readiness: readiness.clone(),
-        };
-        let registration = AbortOnDropHandle::new(tokio::spawn(async move {
-            let served = Server::builder()
-                .add_service(RegistrationServer::new(registrar))
-                .serve_with_incoming(UnixIncoming::with_authority_fix(reg_listener))
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "DRA registration server failed");
-            }
-        }));
-        tracing::info!(
-            registration = %config.registration_socket().display(),
-            endpoint = %config.plugin_socket().display(),
-            "DRA kubelet plugin serving"
-        );
-        while plugin_guard.is_in_place() && reg_guard.is_in_place() {
-            tokio::time::sleep(config.poll).await;
-        }
-        tracing::warn!("a DRA plugin socket was removed; serving again");
-        readiness.not_ready(READINESS, "re-registering with kubelet");
-        drop(registration);
-        drop(plugin);
-        drop(reg_guard);
-        drop(plugin_guard);
-    }
+        Routes::new(
+            DraPluginServer::new(node)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(health_v1::dra_resource_health_server::DraResourceHealthServer::new(health_v1))
+        .add_service(
+            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                health_v1alpha1,
+            ),
+        )
+    };
+    kubelet_plugin::serve(config.kubelet_plugin(), routes, readiness).await;
 }

@@ -8,8 +8,11 @@
 //! availabilityFile: /path/to/file  # optional: content `OFFLINE` = no devices
 //! pollInterval: 200ms              # optional: how often the file is read
 //! shared: true                     # accepted and ignored: see below
+//! properties: {NUMA_NODE: "1"}     # optional: more properties of every device
 //! ```
-//! Each device has the property `DEBUG_ECHO_DESCRIPTION` = its id. Whether
+//! Each device has the property `DEBUG_ECHO_DESCRIPTION` = its id, and the
+//! `properties` given (a fake device's NUMA node, for topology tests; they
+//! cannot replace `DEBUG_ECHO_DESCRIPTION`). Whether
 //! devices are shared is fixed when the handler is constructed
 //! ([`DebugEcho::new`]); a `shared` key in the details cannot change it and
 //! is only compared (a mismatch is logged).
@@ -62,6 +65,8 @@ struct Details {
     poll_interval: Option<String>,
     #[serde(default)]
     shared: Option<bool>,
+    #[serde(default)]
+    properties: BTreeMap<String, String>,
 }
 
 /// The debug-echo handler. Clones share the availability switch.
@@ -135,10 +140,20 @@ fn devices(details: &Details) -> Result<Vec<Device>, DiscoveryError> {
             )));
         }
     }
+    if details.properties.contains_key(DESCRIPTION_PROPERTY) {
+        return Err(DiscoveryError::InvalidDetails(format!(
+            "{NAME}: properties may not set {DESCRIPTION_PROPERTY}"
+        )));
+    }
     Ok(ids
         .into_iter()
         .map(|id| Device {
-            properties: BTreeMap::from([(DESCRIPTION_PROPERTY.to_string(), id.clone())]),
+            properties: details
+                .properties
+                .clone()
+                .into_iter()
+                .chain([(DESCRIPTION_PROPERTY.to_string(), id.clone())])
+                .collect(),
             id,
             mounts: Vec::new(),
             device_specs: Vec::new(),
@@ -286,6 +301,19 @@ mod tests {
         assert!(DebugEcho::new(true).shared());
         assert!(!DebugEcho::new(false).shared());
         assert!(!DebugEcho::default().shared());
+    }
+
+    #[tokio::test]
+    async fn extra_properties_reach_every_device_but_not_its_description() {
+        let h = DebugEcho::default();
+        let mut s = discover(&h, "{descriptions: [a, b], properties: {NUMA_NODE: '1'}}").unwrap();
+        let devices = s.next().await.unwrap().unwrap();
+        assert_eq!(devices.len(), 2);
+        for d in &devices {
+            assert_eq!(d.properties["NUMA_NODE"], "1");
+            assert_eq!(d.properties[DESCRIPTION_PROPERTY], d.id);
+        }
+        assert!(discover(&h, "{descriptions: [a], properties: {DEBUG_ECHO_DESCRIPTION: x}}").is_err());
     }
 
     #[tokio::test]

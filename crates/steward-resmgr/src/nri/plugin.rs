@@ -36,6 +36,8 @@ pub struct NriConfig {
     pub index: String,
     /// Wait between connection attempts.
     pub reconnect: Duration,
+    /// Also be the DRA driver `cpu.steward.dev` (`--dra-cpus`).
+    pub dra: Option<crate::dra::DraCpuConfig>,
 }
 
 impl NriConfig {
@@ -47,6 +49,7 @@ impl NriConfig {
             name: "steward".into(),
             index: "10".into(),
             reconnect: Duration::from_secs(1),
+            dra: None,
         }
     }
 }
@@ -94,7 +97,11 @@ impl NriPlugin {
             stop,
             mut tasks,
             socket_guards,
+            saves,
         } = assemble(&cfg.manager, upstream, true).await?;
+        if let Some(dra) = cfg.dra.clone() {
+            tasks.extend(crate::dra::start(manager.clone(), dra, saves, stop.clone()));
+        }
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
         manager.send_updates_to(updates_tx.clone());
         let handler = ResmgrHandler::new(manager.clone(), updates_tx);

@@ -8,17 +8,17 @@
 
 use std::collections::BTreeMap;
 
-use crate::cpu::{Assignment, ContainerKey, ContainerRequest, CpuSet, PolicyError};
-
-use super::engine::Env;
+use crate::cpu::{Assignment, ContainerKey, ContainerRequest, CpuSet, PolicyError, Topology};
 
 /// The pool name of containers running on their claims' CPUs.
 pub const CLAIM_POOL: &str = "dra-claim";
 
-/// Checks a set of claims against the environment and the CPUs the placer
-/// gave exclusively (`pinned`); returns the union of their CPUs.
+/// Checks a set of claims against the machine, its `reserved` CPUs and the
+/// CPUs the placer gave exclusively (`pinned`); returns the union of their
+/// CPUs.
 pub(crate) fn validate(
-    env: &Env,
+    topo: &Topology,
+    reserved: &CpuSet,
     claims: &BTreeMap<String, CpuSet>,
     pinned: &CpuSet,
 ) -> Result<CpuSet, PolicyError> {
@@ -33,13 +33,13 @@ pub(crate) fn validate(
         if cpus.is_empty() {
             return refuse("it names no CPU".into());
         }
-        let offline = cpus.difference(env.topo.online_cpus());
+        let offline = cpus.difference(topo.online_cpus());
         if !offline.is_empty() {
             return refuse(format!("CPUs {offline} are not online"));
         }
-        let reserved = cpus.intersection(&env.reserved);
-        if !reserved.is_empty() {
-            return refuse(format!("CPUs {reserved} are reserved for the system"));
+        let on_reserved = cpus.intersection(reserved);
+        if !on_reserved.is_empty() {
+            return refuse(format!("CPUs {on_reserved} are reserved for the system"));
         }
         let busy = cpus.intersection(pinned);
         if !busy.is_empty() {
@@ -56,10 +56,12 @@ pub(crate) fn validate(
     Ok(all)
 }
 
-/// The assignment of a container running on its claims' CPUs; `None` when
+/// The assignment of a container running on its claims' CPUs (its memory
+/// on their NUMA nodes that have memory, else on `all_mems`); `None` when
 /// it names no claim.
 pub(crate) fn assignment(
-    env: &Env,
+    topo: &Topology,
+    all_mems: &CpuSet,
     claims: &BTreeMap<String, CpuSet>,
     req: &ContainerRequest,
 ) -> Result<Option<Assignment>, PolicyError> {
@@ -76,9 +78,9 @@ pub(crate) fn assignment(
         };
         cpus.union_with(mine);
     }
-    let mut mems = env.topo.nodes_of(&cpus).intersection(&env.all_mems);
+    let mut mems = topo.nodes_of(&cpus).intersection(all_mems);
     if mems.is_empty() {
-        mems = env.all_mems.clone();
+        mems = all_mems.clone();
     }
     Ok(Some(Assignment {
         cpus,
@@ -92,7 +94,8 @@ pub(crate) fn assignment(
 /// (with their assignments), and the requests of the others with their
 /// claims dropped, to be placed by the policy as any container.
 pub(crate) fn split(
-    env: &Env,
+    topo: &Topology,
+    all_mems: &CpuSet,
     claims: &BTreeMap<String, CpuSet>,
     claimed: BTreeMap<ContainerKey, ContainerRequest>,
 ) -> (
@@ -102,7 +105,7 @@ pub(crate) fn split(
     let mut kept = BTreeMap::new();
     let mut orphans = Vec::new();
     for (key, mut req) in claimed {
-        match assignment(env, claims, &req) {
+        match assignment(topo, all_mems, claims, &req) {
             Ok(Some(a)) => {
                 kept.insert(key, (req, a));
             }

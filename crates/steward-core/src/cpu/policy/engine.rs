@@ -337,7 +337,9 @@ impl<P: Placer> Engine<P> {
             }
         }
         for (key, req) in &self.claimed {
-            if let Ok(Some(a)) = claims::assignment(&self.env, &self.claims, req) {
+            if let Ok(Some(a)) =
+                claims::assignment(&self.env.topo, &self.env.all_mems, &self.claims, req)
+            {
                 if before.get(key) != Some(&a) {
                     changed.insert(key.clone(), a.clone());
                 }
@@ -457,7 +459,8 @@ impl<P: Placer> Policy for Engine<P> {
 
     fn allocate(&mut self, req: &ContainerRequest) -> Result<Decision, PolicyError> {
         let mut hints = validate_request(req)?;
-        if let Some(a) = claims::assignment(&self.env, &self.claims, req)? {
+        if let Some(a) = claims::assignment(&self.env.topo, &self.env.all_mems, &self.claims, req)?
+        {
             return Ok(self.run_on_claims(req, a));
         }
 
@@ -511,7 +514,8 @@ impl<P: Placer> Policy for Engine<P> {
             .into_iter()
             .map(|(r, _)| (r.key.clone(), r))
             .collect();
-        let (kept, orphans) = claims::split(&self.env, &self.claims, claimed);
+        let (kept, orphans) =
+            claims::split(&self.env.topo, &self.env.all_mems, &self.claims, claimed);
         let entries = others
             .into_iter()
             .map(|(r, a)| (r, Some(a)))
@@ -538,9 +542,10 @@ impl<P: Placer> Policy for Engine<P> {
                 all.union_with(&a.cpus);
                 all
             });
-        let claimed_cpus = claims::validate(&self.env, &claims, &pinned)?;
+        let claimed_cpus = claims::validate(&self.env.topo, &self.env.reserved, &claims, &pinned)?;
         let env = Arc::new(Env::new(&self.base, &self.env.cfg, &claimed_cpus)?);
-        let (kept, orphans) = claims::split(&env, &claims, self.claimed.clone());
+        let (kept, orphans) =
+            claims::split(&env.topo, &env.all_mems, &claims, self.claimed.clone());
         let entries = self
             .requests
             .values()
