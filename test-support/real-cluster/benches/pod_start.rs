@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
+use steward_real_cluster::bench::{delete_gracefully, line, rounds};
 use steward_real_cluster::{BUSYBOX, Cluster, debug_echo_configuration, eventually};
 
 /// Grace 1 s, deleted gracefully: the pod object stays until kubelet has
@@ -42,55 +43,13 @@ fn pod(name: &str, node: &str, limits: Value) -> Value {
     })
 }
 
-fn pct(v: &[Duration], p: f64) -> Duration {
-    let mut s = v.to_vec();
-    s.sort();
-    s[(((s.len() - 1) as f64) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn line(what: &str, v: &[Duration], base: &[Duration]) {
-    println!(
-        "{what}: p50 {:.0} ms p99 {:.0} ms | baseline p50 {:.0} ms p99 {:.0} ms | ratio p50 {:.2}x p99 {:.2}x ({} rounds)",
-        ms(pct(v, 0.5)),
-        ms(pct(v, 0.99)),
-        ms(pct(base, 0.5)),
-        ms(pct(base, 0.99)),
-        ms(pct(v, 0.5)) / ms(pct(base, 0.5)),
-        ms(pct(v, 0.99)) / ms(pct(base, 0.99)),
-        v.len()
-    );
-}
-
 fn slotclaim_count(cluster: &Cluster, ns: &str) -> usize {
     cluster.slotclaims(ns).len()
 }
 
-/// Deletes a pod with its own grace period and waits until the object is
-/// gone (kubelet has stopped its containers).
-async fn delete_gracefully(cluster: &Cluster, ns: &str, name: &str) {
-    let pods = cluster.pods(ns);
-    let _ = pods.delete(name, &DeleteParams::default()).await;
-    eventually(&format!("pod {name} gone"), Duration::from_secs(90), || {
-        let pods = pods.clone();
-        async move { matches!(pods.get_opt(name).await, Ok(None)).then_some(()) }
-    })
-    .await;
-}
-
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let rounds: usize = if std::env::var_os("STEWARD_BENCH_SMOKE").is_some() {
-        2
-    } else {
-        std::env::var("STEWARD_BENCH_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20)
-    };
+    let rounds = rounds();
     let cluster = Cluster::connect().await;
     let ns = cluster.namespace("bench").await;
     let node = cluster.nodes[0].clone();

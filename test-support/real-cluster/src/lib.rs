@@ -4,6 +4,8 @@
 //! expected and what was seen.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod bench;
+
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
@@ -514,6 +516,40 @@ pub fn busybox_pod(name: &str, script: &str, limits: Value) -> Value {
             }],
         },
     })
+}
+
+/// The standard NUMA node attribute of DRA devices.
+pub const NUMA_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+/// The resource manager's CPU driver and DeviceClass.
+pub const CPU_DRIVER: &str = "cpu.steward.dev";
+
+/// [`debug_echo_configuration`] whose devices say they are on NUMA node
+/// `numa` (the debug-echo `properties`, read as `NUMA_NODE`).
+pub fn debug_echo_on_numa(
+    name: &str,
+    descriptions: &[&str],
+    capacity: u32,
+    numa: u32,
+) -> Configuration {
+    let mut c = debug_echo_configuration(name, descriptions, capacity);
+    c.spec.discovery_handler.details = serde_json::to_string(&json!({
+        "descriptions": descriptions,
+        "properties": {"NUMA_NODE": numa.to_string()},
+    }))
+    .unwrap();
+    c
+}
+
+/// A ResourceClaim spec asking one device of `class` (request `dev`) and
+/// `cpus` CPUs of [`CPU_DRIVER`] (request `cpu`), all on one NUMA node.
+pub fn aligned_claim_spec(class: &str, cpus: u32) -> Value {
+    json!({"devices": {
+        "requests": [
+            {"name": "dev", "exactly": {"deviceClassName": class}},
+            {"name": "cpu", "exactly": {"deviceClassName": CPU_DRIVER, "count": cpus}},
+        ],
+        "constraints": [{"requests": ["dev", "cpu"], "matchAttribute": NUMA_ATTRIBUTE}],
+    }})
 }
 
 /// A Configuration of the embedded debug-echo handler: one device per

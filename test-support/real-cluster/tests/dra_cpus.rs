@@ -15,11 +15,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use steward_api::Configuration;
-use steward_real_cluster::{BUSYBOX, Cluster, eventually};
+use steward_real_cluster::{
+    BUSYBOX, CPU_DRIVER, Cluster, NUMA_ATTRIBUTE, aligned_claim_spec, debug_echo_on_numa,
+    eventually,
+};
 
-const CPU_DRIVER: &str = "cpu.steward.dev";
-const NUMA: &str = "resource.kubernetes.io/numaNode";
+const NUMA: &str = NUMA_ATTRIBUTE;
 
 /// node → CPU → NUMA node, from the CPU devices each node publishes.
 fn cpu_devices(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u32, i64>> {
@@ -49,40 +50,13 @@ fn cpu_devices(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u32, i64>> {
     out
 }
 
-fn configuration(name: &str) -> Configuration {
-    serde_json::from_value(json!({
-        "apiVersion": "steward.dev/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": name},
-        "spec": {
-            "discoveryHandler": {
-                "name": "debug-echo",
-                "details": serde_json::to_string(&json!({
-                    "descriptions": ["acc-0"],
-                    "properties": {"NUMA_NODE": "1"},
-                }))
-                .unwrap(),
-            },
-            "capacity": 1,
-        },
-    }))
-    .unwrap()
-}
-
-/// A claim template asking one device of `class` and `cpus` CPUs, all on
-/// one NUMA node.
+/// A claim template of [`aligned_claim_spec`].
 fn aligned(name: &str, class: &str, cpus: u32) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
-        "spec": {"spec": {"devices": {
-            "requests": [
-                {"name": "dev", "exactly": {"deviceClassName": class}},
-                {"name": "cpu", "exactly": {"deviceClassName": CPU_DRIVER, "count": cpus}},
-            ],
-            "constraints": [{"requests": ["dev", "cpu"], "matchAttribute": NUMA}],
-        }}},
+        "spec": {"spec": aligned_claim_spec(class, cpus)},
     })
 }
 
@@ -169,7 +143,7 @@ async fn the_real_scheduler_aligns_a_device_and_its_cpus_on_one_numa_node() {
     .await;
 
     cluster
-        .create_configuration(&ns.name, &configuration("numa-acc"))
+        .create_configuration(&ns.name, &debug_echo_on_numa("numa-acc", &["acc-0"], 1, 1))
         .await;
     let class = cluster.device_class(&ns.name, "numa-acc").await;
     cluster.apply(&ns.name, &aligned("acc-and-cpu", &class, 1));
