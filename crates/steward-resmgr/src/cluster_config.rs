@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::Api;
 use kube::runtime::watcher;
-use steward_kube::{Change, Mirror, follow};
+use steward_kube::{Change, Mirror, SharedWatch};
 use tracing::{info, warn};
 
 use crate::config::FileConfig;
@@ -297,11 +297,14 @@ pub fn watch(
 ) -> impl Stream<Item = ClusterUpdate> + Send + 'static {
     let maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let nodes: Api<Node> = Api::all(cluster.client.clone());
-    let maps = follow(maps, watcher::Config::default()).map(Input::Maps);
-    let nodes = follow(
+    let maps = SharedWatch::start(maps, watcher::Config::default())
+        .subscribe()
+        .map(Input::Maps);
+    let nodes = SharedWatch::start(
         nodes,
         watcher::Config::default().fields(&format!("metadata.name={}", cluster.node_name)),
     )
+    .subscribe()
     .map(Input::Node);
     let inputs = futures::stream::select(maps, nodes).boxed();
     let state = WatchState {

@@ -22,7 +22,7 @@ use kube::runtime::watcher;
 use steward_api::Reservation;
 use steward_core::cpu::{Assignment, ContainerKey, CpuSet, PolicyConfig, PolicyKind, Topology};
 use steward_core::reservation::NodeCpus;
-use steward_kube::{Mirror, follow};
+use steward_kube::{Mirror, SharedWatch};
 
 /// Pod uid → (NUMA node, CPUs) held for it on this node.
 pub type Holds = BTreeMap<String, (u32, u32)>;
@@ -102,7 +102,7 @@ pub fn watch_holds(client: kube::Client, node: String) -> impl Stream<Item = Hol
         }
     };
     futures::stream::once(probe)
-        .flat_map(move |config| follow(api.clone(), config))
+        .flat_map(move |config| SharedWatch::start(api.clone(), config).subscribe())
         .filter_map(move |change| {
         let changed = match all.apply(change) {
             Ok(_) => true,
