@@ -2,14 +2,18 @@
 //!
 //! The real steward agent (device plugins, discovery with the embedded
 //! `debug-echo` and `udev` handlers, pod resources with watch) and the real
-//! CRI proxy in front of a real containerd; a kubelet stand-in speaking the
-//! real device-plugin and podresources gRPC admits a scripted workload, and
-//! an API server stand-in holds the CRDs. Each pod takes a device slot
-//! (Allocate over the wire), runs its container through the CRI proxy
-//! (one pod per round gets an exclusive CPU), shows up on one live watch
-//! with both, and is deleted; its slot is reclaimed. The run ends with a
-//! summary of what happened and the measured latencies, and leaves nothing
-//! running.
+//! resource manager on a real containerd: by default the NRI plugin
+//! (`steward nri-plugin`) attached to a private containerd 2.1.9, the
+//! default install; with [`Runtime::CriProxy`] the CRI proxy
+//! (`steward cri-proxy`) in front of containerd 1.6. A kubelet stand-in
+//! speaking the real device-plugin and podresources gRPC admits a scripted
+//! workload, and an API server stand-in holds the CRDs. Each pod takes a
+//! device slot (Allocate over the wire), runs its container in containerd
+//! (on containerd's own CRI socket with NRI, as kubelet does on an NRI node;
+//! through the proxy otherwise; one pod per round gets an exclusive CPU),
+//! shows up on one live watch with both, and is deleted; its slot is
+//! reclaimed. The run ends with a summary of what happened and the measured
+//! latencies, and leaves nothing running.
 
 mod report;
 mod stage;
@@ -31,10 +35,27 @@ pub struct Options {
     pub capacity: u32,
     /// Print the live view (one line per event) and progress.
     pub live: bool,
-    /// Run the pods' containers in containerd through the CRI proxy (needs
-    /// root and containerd); when false or unavailable, that part is skipped
-    /// and the summary says so.
+    /// Run the pods' containers in containerd, pinned by the resource
+    /// manager (needs root and containerd); when false or unavailable, that
+    /// part is skipped and the summary says so.
     pub cri: bool,
+    /// Which of the resource manager's transports pins them.
+    pub runtime: Runtime,
+}
+
+/// Where the resource manager sits, and on which containerd.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Runtime {
+    /// The default install: the NRI plugin (`steward nri-plugin`) attached
+    /// to a private containerd 2.1.9 with NRI on (found as the NRI tests
+    /// find it: `STEWARD_CONTAINERD2_BIN`, else `scripts/containerd2.sh`'s
+    /// cache). Containers are created on containerd's own CRI socket.
+    #[default]
+    Nri,
+    /// For runtimes without NRI: the CRI proxy (`steward cri-proxy`) in
+    /// front of containerd 1.6 (the machine's, or `STEWARD_CONTAINERD_SOCK`);
+    /// containers are created through the proxy.
+    CriProxy,
 }
 
 impl Default for Options {
@@ -45,6 +66,7 @@ impl Default for Options {
             capacity: 2,
             live: true,
             cri: true,
+            runtime: Runtime::Nri,
         }
     }
 }

@@ -23,6 +23,10 @@ struct Args {
     /// Do not run containers (no containerd needed).
     #[arg(long)]
     no_cri: bool,
+    /// Pin through the CRI proxy in front of containerd 1.6 instead of the
+    /// NRI plugin on containerd 2.1.9 (the default).
+    #[arg(long)]
+    cri_proxy: bool,
     /// Print only the summary.
     #[arg(long)]
     quiet: bool,
@@ -76,6 +80,11 @@ fn main() -> ExitCode {
         capacity: args.capacity,
         live: !args.quiet,
         cri: !args.no_cri,
+        runtime: if args.cri_proxy {
+            steward_demo::Runtime::CriProxy
+        } else {
+            steward_demo::Runtime::Nri
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

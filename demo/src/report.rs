@@ -33,6 +33,16 @@ pub struct Summary {
     pub claims_left: usize,
     /// Why the CRI part was skipped, when it was.
     pub cri_skipped: Option<String>,
+    /// Who pinned the containers, on what ("the NRI plugin on containerd
+    /// 2.1.9", "the CRI proxy on containerd 1.6.20"), when they ran.
+    pub pinned_by: Option<String>,
+    /// The runtime the containers ran in ("containerd 2.1.9").
+    pub runtime: Option<String>,
+    /// How the containers reached it ("created on its own CRI socket, as
+    /// kubelet does (no proxy)", "created through the CRI proxy").
+    pub route: Option<String>,
+    /// The PID of the private containerd the run started and stopped.
+    pub own_containerd_pid: Option<u32>,
     pub took: Duration,
 }
 
@@ -84,6 +94,10 @@ pub(crate) async fn summarize(stage: &Stage, w: Worked, took: Duration) -> Summa
         double_grants: w.double_grants,
         claims_left,
         cri_skipped: stage.cri_skipped.clone(),
+        pinned_by: stage.cri.as_ref().map(|c| c.pinned_by.clone()),
+        runtime: stage.cri.as_ref().map(|c| c.runtime.clone()),
+        route: stage.cri.as_ref().map(|c| c.route.to_owned()),
+        own_containerd_pid: stage.cri.as_ref().and_then(|c| c.own_containerd_pid),
         took,
     }
 }
@@ -119,13 +133,16 @@ impl std::fmt::Display for Summary {
             None => {
                 writeln!(
                     f,
-                    "containers run       {} in containerd through the CRI proxy",
-                    self.containers_run
+                    "containers run       {} in {}, {}",
+                    self.containers_run,
+                    self.runtime.as_deref().unwrap_or("containerd"),
+                    self.route.as_deref().unwrap_or("-")
                 )?;
                 writeln!(
                     f,
-                    "pods pinned          {} with an exclusive CPU, seen on the view",
-                    self.pods_pinned
+                    "pods pinned          {} with an exclusive CPU, pinned by {}, seen on the view",
+                    self.pods_pinned,
+                    self.pinned_by.as_deref().unwrap_or("-")
                 )?;
                 writeln!(
                     f,

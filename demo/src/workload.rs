@@ -1,7 +1,8 @@
 //! The scripted workload, as kubelet would drive it: pods admitted through
 //! the kubelet stand-in (Allocate over the device-plugin wire), their
-//! containers run through the CRI proxy into containerd with what Allocate
-//! answered and the pod's own uid, then the pods deleted.
+//! containers run in containerd with what Allocate answered and the pod's
+//! own uid (on containerd's CRI socket, the NRI plugin attached; or through
+//! the CRI proxy), then the pods deleted.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use steward_proto::cri::runtime::v1 as cri;
 use steward_testing_containerd::{ContainerSpec, PodNetwork, cleanup_pod, cri_client};
 use steward_testing_kubelet::{ContainerSpec as KubeletContainer, PodSpec};
 
-use crate::stage::{NS, Stage};
+use crate::stage::{Cri, NS, Stage};
 use crate::view::View;
 use crate::{Narrator, Options};
 
@@ -40,7 +41,7 @@ struct Admitted {
 pub(crate) async fn run(stage: &Stage, opts: &Options, say: &Narrator) -> anyhow::Result<Worked> {
     let view = View::follow(&stage.view_socket, say).await?;
     let mut runtime = match &stage.cri {
-        Some(c) => Some(cri_client(c.proxy.socket()).await?.0),
+        Some(c) => Some(cri_client(&c.socket).await?.0),
         None => None,
     };
     let mut w = Worked::default();
@@ -85,13 +86,14 @@ pub(crate) async fn run(stage: &Stage, opts: &Options, say: &Narrator) -> anyhow
                     .and_then(|r| r.get(res))
                     .map(|a| a.envs.clone())
                     .unwrap_or_default();
-                pod.sandbox =
-                    Some(run_container(rt, c.containerd.cgroup_parent(), &pod, env).await?);
+                pod.sandbox = Some(run_container(rt, c, &pod, env).await?);
                 w.containers += 1;
                 w.exclusive += u64::from(pod.exclusive);
                 say.say(format!(
-                    "containerd runs {NS}/{} through the CRI proxy{}",
+                    "{} runs {NS}/{}, {}{}",
+                    c.runtime,
                     pod.name,
+                    c.route,
                     if pod.exclusive {
                         " (guaranteed: one exclusive CPU)"
                     } else {
@@ -107,11 +109,24 @@ pub(crate) async fn run(stage: &Stage, opts: &Options, say: &Narrator) -> anyhow
                 s.pods.get(&uid).is_some_and(|x| !x.devices.is_empty())
             })
             .await?;
-            if p.exclusive && p.sandbox.is_some() {
+            if let (true, Some(_), Some(c)) = (p.exclusive, p.sandbox.as_ref(), stage.cri.as_ref())
+            {
                 view.wait(&format!("{}'s CPUs", p.name), WAIT, |s| {
                     s.pods.get(&uid).is_some_and(|x| x.both_at_once)
                 })
                 .await?;
+                let cpus = view
+                    .state
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("view state poisoned"))?
+                    .pods
+                    .get(&uid)
+                    .map(|x| x.cpus.clone())
+                    .unwrap_or_default();
+                say.say(format!(
+                    "{NS}/{} pinned by {} to CPU(s) {cpus:?}, with its slot in the same view entry",
+                    p.name, c.pinned_by
+                ));
                 w.pinned_seen += 1;
             }
         }
@@ -162,19 +177,23 @@ pub(crate) async fn run(stage: &Stage, opts: &Options, say: &Narrator) -> anyhow
     Ok(w)
 }
 
-/// Runs the pod's container through the CRI proxy as kubelet would: the
-/// sandbox carries the pod's name, namespace and uid; the container the
-/// env Allocate answered; guaranteed pods ask for one whole CPU.
+/// Runs the pod's container as kubelet would (on containerd's socket with
+/// NRI, through the CRI proxy otherwise): the sandbox carries the pod's
+/// name, namespace and uid; the container the env Allocate answered;
+/// guaranteed pods ask for one whole CPU.
 async fn run_container(
     rt: &mut steward_proto::cri::runtime::v1::runtime_service_client::RuntimeServiceClient<
         tonic::transport::Channel,
     >,
-    cgroup_parent: &str,
+    c: &Cri,
     pod: &Admitted,
     env: std::collections::HashMap<String, String>,
 ) -> anyhow::Result<String> {
-    let mut sandbox =
-        steward_testing_containerd::pod_sandbox_config(cgroup_parent, &pod.name, PodNetwork::Host);
+    let mut sandbox = steward_testing_containerd::pod_sandbox_config(
+        &c.cgroup_parent,
+        &pod.name,
+        PodNetwork::Host,
+    );
     if let Some(m) = sandbox.metadata.as_mut() {
         m.name = pod.name.clone();
         m.namespace = NS.into();
@@ -213,7 +232,7 @@ async fn run_container(
             runtime_handler: String::new(),
         })
         .await
-        .context("RunPodSandbox through the CRI proxy")?
+        .with_context(|| format!("RunPodSandbox on {}", c.socket.display()))?
         .into_inner()
         .pod_sandbox_id;
     let cid = rt
@@ -223,11 +242,11 @@ async fn run_container(
             sandbox_config: Some(sandbox),
         })
         .await
-        .context("CreateContainer through the CRI proxy")?
+        .with_context(|| format!("CreateContainer on {}", c.socket.display()))?
         .into_inner()
         .container_id;
     rt.start_container(cri::StartContainerRequest { container_id: cid })
         .await
-        .context("StartContainer through the CRI proxy")?;
+        .with_context(|| format!("StartContainer on {}", c.socket.display()))?;
     Ok(sid)
 }
