@@ -4,7 +4,10 @@
 //! device a prepared claim holds under the pool it was allocated from;
 //! healthy while its Instance's device is present and usable here,
 //! unhealthy (with the reason) otherwise — a device that left this node
-//! entirely stays in the stream as unhealthy. The current state first,
+//! entirely stays in the stream as unhealthy, and a device whose discovery
+//! reports a fault (`steward_core::dra::HEALTH_PROPERTY`, fatal or
+//! transient) is unhealthy with the handler's words while it lasts and
+//! healthy again when it clears (the same fault the slices taint). The current state first,
 //! then each change, and the whole state again every `resend` when nothing
 //! changed: kubelet counts a device's health as Unknown once no report has
 //! named it for its health timeout (30 s by default, the device's
@@ -21,14 +24,14 @@ use std::sync::Weak;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::Stream;
-use steward_core::dra::{device_name, pool_of};
+use steward_core::dra::{DeviceFault, device_name, pool_of};
 
 use crate::claims::ClaimStore;
 use crate::slot_keeper::SlotKeeper;
 
 /// Why a device is reported unhealthy; its text is the message kubelet
 /// shows in the pod's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Unhealthy {
     /// Discovery no longer finds the Instance's device on this node.
     NotPresent,
@@ -38,23 +41,27 @@ pub(crate) enum Unhealthy {
     NotServed,
     /// The device was in the stream before and is no longer published here.
     Gone,
+    /// Its discovery handler reports a fault (the device is still here and
+    /// published, tainted).
+    Fault(DeviceFault),
 }
 
 impl Unhealthy {
     /// The reason, as kubelet receives it (well under upstream's 1024
     /// characters).
-    pub(crate) fn text(self) -> &'static str {
+    pub(crate) fn text(&self) -> std::borrow::Cow<'static, str> {
         match self {
-            Self::NotPresent => "the device is not present on this node",
-            Self::NotUsable => "this node may not use the device",
-            Self::NotServed => "the device is not served on this node",
-            Self::Gone => "the device is gone from this node",
+            Self::NotPresent => "the device is not present on this node".into(),
+            Self::NotUsable => "this node may not use the device".into(),
+            Self::NotServed => "the device is not served on this node".into(),
+            Self::Gone => "the device is gone from this node".into(),
+            Self::Fault(f) => f.message().into(),
         }
     }
 }
 
 /// One device's health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum DeviceHealth {
     Healthy,
     Unhealthy(Unhealthy),
@@ -93,13 +100,16 @@ async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snap
     let mut health: BTreeMap<&str, DeviceHealth> = BTreeMap::new();
     for inst in st.instances.values() {
         let state = match st.ledger.instance(&inst.name) {
-            Some(i) if i.available() => DeviceHealth::Healthy,
+            Some(i) if i.available() => match DeviceFault::of_properties(&inst.properties) {
+                Some(f) => DeviceHealth::Unhealthy(Unhealthy::Fault(f)),
+                None => DeviceHealth::Healthy,
+            },
             Some(i) if !i.present => DeviceHealth::Unhealthy(Unhealthy::NotPresent),
             Some(i) if !i.usable => DeviceHealth::Unhealthy(Unhealthy::NotUsable),
             // (`Some(_)` is not reached: available is present and usable.)
             Some(_) | None => DeviceHealth::Unhealthy(Unhealthy::NotServed),
         };
-        health.insert(&inst.name, state);
+        health.insert(&inst.name, state.clone());
         // Only the devices this node publishes, in the pool it publishes
         // them in; a device no longer published here stays in the stream
         // as gone (see `watch`).
@@ -107,7 +117,7 @@ async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snap
             continue;
         };
         for n in 0..inst.capacity {
-            out.insert((pool.clone(), device_name(&inst.name, n)), state);
+            out.insert((pool.clone(), device_name(&inst.name, n)), state.clone());
         }
     }
     // A device a claim holds under the pool it was allocated from (its
@@ -116,7 +126,7 @@ async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snap
         let Some(hold) = h.claim.as_deref().filter(|c| !c.pool.is_empty()) else {
             continue;
         };
-        let Some(&state) = h
+        let Some(state) = h
             .resource
             .rsplit_once('-')
             .and_then(|(instance, _)| health.get(instance))
@@ -124,7 +134,7 @@ async fn snapshot<L: ClaimStore, C: ClaimStore>(core: &SlotKeeper<L, C>) -> Snap
             continue;
         };
         out.entry((hold.pool.clone(), hold.device.clone()))
-            .or_insert(state);
+            .or_insert_with(|| state.clone());
     }
     out
 }
@@ -200,6 +210,10 @@ mod tests {
             Unhealthy::NotUsable,
             Unhealthy::NotServed,
             Unhealthy::Gone,
+            Unhealthy::Fault(steward_core::dra::DeviceFault {
+                kind: steward_core::dra::FaultKind::Fatal,
+                reason: "x".repeat(5000),
+            }),
         ] {
             assert!(!r.text().is_empty() && r.text().chars().count() <= 1024);
         }

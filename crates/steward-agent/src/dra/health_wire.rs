@@ -43,9 +43,11 @@ macro_rules! health_adapter {
                         .into_iter()
                         .map(|((pool, device), health)| {
                             let (health, message) = match health {
-                                DeviceHealth::Healthy => (wire::HealthStatus::Healthy, ""),
+                                DeviceHealth::Healthy => {
+                                    (wire::HealthStatus::Healthy, String::new())
+                                }
                                 DeviceHealth::Unhealthy(why) => {
-                                    (wire::HealthStatus::Unhealthy, why.text())
+                                    (wire::HealthStatus::Unhealthy, why.text().into_owned())
                                 }
                             };
                             wire::DeviceHealth {
@@ -56,7 +58,7 @@ macro_rules! health_adapter {
                                 health: health as i32,
                                 last_updated_time: report.at,
                                 health_check_timeout_seconds: timeout,
-                                message: message.to_owned(),
+                                message,
                             }
                         })
                         .collect(),

@@ -12,6 +12,12 @@
 //! wrote it (the resourceVersion it last saw). On shutdown the node's own
 //! slices are deleted.
 //!
+//! Taints are the plan's (held slots, devices whose discovery reports a
+//! fault: `steward_core::dra::device_taints`), mapped as they are; a
+//! device untainted in the plan is written without them, so recovery
+//! needs no restart. Whether the API server keeps taints is learnt from
+//! the first tainted write.
+//!
 //! DeviceClasses per Configuration are `steward controller`'s; the kubelet
 //! plugin is `super::kubelet`. Not here: ownerReferences to the Node.
 
@@ -30,7 +36,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use steward_api::{Instance, SlotClaim};
 use steward_core::dra::{
-    Attribute, DRIVER, DraInstance, HELD_TAINT_KEY, Layout, PoolScope, SLOTS_CAPACITY, SliceDevice,
+    Attribute, DRIVER, DraInstance, Layout, PlannedTaint, PoolScope, SLOTS_CAPACITY, SliceDevice,
     SlicePlan, next_generation, plan_with, slice_name,
 };
 use steward_kube::{Mirror, SharedWatch};
@@ -74,12 +80,13 @@ fn attribute(a: &Attribute) -> DeviceAttribute {
     out
 }
 
-/// The taint on a device whose slot is held through a device plugin.
-fn held_taint() -> DeviceTaint {
+/// The API's form of a planned taint; `timeAdded` is the API server's
+/// (and ignored when comparing, [`content`]).
+fn taint(t: &PlannedTaint) -> DeviceTaint {
     DeviceTaint {
-        key: HELD_TAINT_KEY.into(),
-        value: Some("device-plugin".into()),
-        effect: "NoSchedule".into(),
+        key: t.key.clone(),
+        value: Some(t.value.clone()),
+        effect: t.effect.as_str().into(),
         time_added: None,
     }
 }
@@ -112,7 +119,8 @@ fn one() -> Quantity {
     Quantity("1".into())
 }
 
-/// The API's form of one planned device; tainted when held and `taints`.
+/// The API's form of one planned device; with its planned taints (held,
+/// unhealthy) when `taints`.
 fn device(d: &SliceDevice, taints: bool) -> Device {
     let consumable = d.slots.map(|n| {
         BTreeMap::from([(
@@ -139,15 +147,15 @@ fn device(d: &SliceDevice, taints: bool) -> Device {
                 .map(|(k, v)| (k.clone(), attribute(v)))
                 .collect(),
         ),
-        taints: (taints && d.held).then(|| vec![held_taint()]),
+        taints: (taints && !d.taints.is_empty()).then(|| d.taints.iter().map(taint).collect()),
         allow_multiple_allocations: consumable.is_some().then_some(true),
         capacity: consumable,
         ..Device::default()
     }
 }
 
-/// The spec of one planned slice at `generation`; held slots tainted when
-/// `taints`.
+/// The spec of one planned slice at `generation`; devices tainted as
+/// planned when `taints`.
 fn spec(p: &SlicePlan, generation: i64, taints: bool) -> ResourceSliceSpec {
     let (node_name, node_selector) = match &p.scope {
         PoolScope::Node(n) => (Some(n.clone()), None),
@@ -360,7 +368,8 @@ impl SlicePublisher {
                                 "the API server dropped the device taints of ResourceSlice {name}: \
                                  DRADeviceTaints is off (Kubernetes 1.35 has it off by default; on from 1.36). \
                                  Slots held through device plugins stay allocatable to DRA claims, whose \
-                                 preparation is refused until the slot is free"
+                                 preparation is refused until the slot is free, and devices reporting a \
+                                 fault stay allocatable (their health still reaches kubelet)"
                             );
                             taint_support = Taints::Dropped;
                         }

@@ -24,12 +24,19 @@
 //! that allows multiple allocations, its free slots a capacity
 //! ([`Layout::Consumable`]); prepare picks the slots.
 //!
+//! **Health and taints.** A slot held through a device plugin is tainted
+//! [`HELD_TAINT_KEY`] (`NoSchedule`); a device whose discovery reports a
+//! fault ([`HEALTH_PROPERTY`]) is tainted [`UNHEALTHY_TAINT_KEY`] —
+//! `NoSchedule` when fatal, `None` when transient — and untainted when the
+//! property says healthy again ([`device_taints`]).
+//!
 //! **Topology.** Devices whose discovery reports a NUMA node or a PCI
 //! devpath carry the standard `resource.kubernetes.io/numaNode` and
 //! `resource.kubernetes.io/pcieRoot` ([`topology_attributes`]).
 
 mod attributes;
 mod consumable;
+mod health;
 mod labels;
 mod pools;
 #[cfg(test)]
@@ -41,11 +48,15 @@ pub use attributes::{Attribute, MAX_ATTRIBUTES, attributes_of, typed};
 pub use consumable::{
     Layout, SLOTS_CAPACITY, consumable_device_name, consumable_slots, instance_for_device,
 };
+pub use health::{
+    DeviceFault, FaultKind, HEALTH_PROPERTY, HELD_TAINT_KEY, HELD_TAINT_VALUE, PlannedTaint,
+    TaintEffect, UNHEALTHY_TAINT_KEY, device_taints, is_label_value,
+};
 pub use pools::{is_shared, pool_of};
 pub use slices::{
-    DraInstance, HELD_TAINT_KEY, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan,
-    attribute_value, configuration_selector, device_name, instance_selector, next_generation, plan,
-    plan_with, slice_name, slot_for_device, writer,
+    DraInstance, MAX_DEVICES_PER_SLICE, PoolScope, SliceDevice, SlicePlan, attribute_value,
+    configuration_selector, device_name, instance_selector, next_generation, plan, plan_with,
+    slice_name, slot_for_device, writer,
 };
 pub use topology::{
     DEVPATH_PROPERTY, NUMA_NODE_ATTRIBUTE, NUMA_PROPERTY, PCIE_ROOT_ATTRIBUTE, numa_node,

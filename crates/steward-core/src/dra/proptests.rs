@@ -199,3 +199,75 @@ proptest! {
         }
     }
 }
+
+fn health_value() -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(prop_oneof![
+        Just(String::new()),
+        Just("healthy".to_owned()),
+        "(fatal|FATAL|transient|Transient)(:| )?[ -~]{0,120}",
+        "[ -~\u{e9}\u{4e16}]{0,80}",
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Whatever a handler says of a device's health, in either layout:
+    /// every device of the Instance carries exactly the taint its fault
+    /// asks for (key, label value, effect by kind) plus the held taint
+    /// when held, no attribute names the health property, and clearing the
+    /// property gives exactly the plan of a device never faulted (so
+    /// recovery untaints without anything else moving).
+    #[test]
+    fn a_reported_fault_is_exactly_one_taint_and_recovery_removes_it(
+        health in health_value(),
+        capacity in 1u32..150,
+        held in proptest::collection::btree_set(0u32..150, 0..6),
+        consumable in any::<bool>(),
+    ) {
+        let layout = if consumable { Layout::Consumable } else { Layout::PerSlot };
+        let mut inst = DraInstance {
+            name: "dev".into(),
+            namespace: "default".into(),
+            configuration: "cfg".into(),
+            capacity,
+            nodes: ["n1".to_owned()].into(),
+            properties: BTreeMap::from([("DEVNODE".to_owned(), "/dev/x".to_owned())]),
+            held,
+        };
+        let never = plan_with("n1", std::slice::from_ref(&inst), layout);
+        if let Some(v) = &health {
+            inst.properties.insert(HEALTH_PROPERTY.to_owned(), v.clone());
+        }
+        let fault = health.as_deref().and_then(DeviceFault::parse);
+        let (slices, _) = plan_with("n1", std::slice::from_ref(&inst), layout);
+        for s in &slices {
+            prop_assert!(s.devices.len() <= MAX_DEVICES_PER_SLICE);
+            for d in &s.devices {
+                prop_assert!(!d.attributes.contains_key(HEALTH_PROPERTY));
+                let keys: Vec<&str> = d.taints.iter().map(|t| t.key.as_str()).collect();
+                let mut want = Vec::new();
+                if d.held { want.push(HELD_TAINT_KEY); }
+                if fault.is_some() { want.push(UNHEALTHY_TAINT_KEY); }
+                prop_assert_eq!(keys, want);
+                for t in &d.taints {
+                    prop_assert!(is_label_value(&t.value) && !t.value.is_empty(), "{:?}", t.value);
+                    let effect = if t.key == UNHEALTHY_TAINT_KEY {
+                        fault.as_ref().map_or(TaintEffect::NoSchedule, |f| f.kind.effect())
+                    } else {
+                        TaintEffect::NoSchedule
+                    };
+                    prop_assert_eq!(t.effect, effect);
+                }
+            }
+        }
+        if let Some(f) = &fault {
+            prop_assert_eq!(f.kind.effect() == TaintEffect::NoSchedule, f.kind == FaultKind::Fatal);
+            prop_assert!(f.message().chars().count() <= 1024);
+        }
+        inst.properties.insert(HEALTH_PROPERTY.to_owned(), "healthy".to_owned());
+        prop_assert_eq!(plan_with("n1", std::slice::from_ref(&inst), layout), never.clone());
+        inst.properties.remove(HEALTH_PROPERTY);
+        prop_assert_eq!(plan_with("n1", std::slice::from_ref(&inst), layout), never);
+    }
+}

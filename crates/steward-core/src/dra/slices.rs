@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::DRIVER;
 use super::attributes::{Attribute, attributes_of};
 use super::consumable::{Layout, consumable_device_name, consumable_slots};
+use super::health::{DeviceFault, HEALTH_PROPERTY, PlannedTaint, device_taints};
 use super::labels::{hashed_label, is_dns_label};
 use super::pools::{is_shared, pool_of};
 use super::topology::topology_attributes;
@@ -15,13 +16,10 @@ use crate::reservation::slot_id;
 
 /// Most devices per ResourceSlice: the API's limit for a slice in which a
 /// device carries taints (64 since 1.35; 128 without), which a slot held
-/// through a device plugin does ([`HELD_TAINT_KEY`]).
+/// through a device plugin ([`super::HELD_TAINT_KEY`]) or a device reporting a
+/// fault ([`super::UNHEALTHY_TAINT_KEY`]) does. Always applied, so a taint
+/// coming or going never re-chunks a pool.
 pub const MAX_DEVICES_PER_SLICE: usize = 64;
-
-/// The taint key (effect `NoSchedule`) on a device whose slot is held
-/// through a device plugin: the scheduler does not allocate it to a claim
-/// until the slot is free (DRADeviceTaints, on by default from 1.36).
-pub const HELD_TAINT_KEY: &str = "steward.dev/held";
 
 /// An Instance as DRA needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,7 +35,7 @@ pub struct DraInstance {
     pub nodes: BTreeSet<String>,
     pub properties: BTreeMap<String, String>,
     /// Slots held through a device plugin (on any node): their devices are
-    /// published tainted ([`HELD_TAINT_KEY`]).
+    /// published tainted ([`super::HELD_TAINT_KEY`]).
     #[serde(default)]
     pub held: BTreeSet<u32>,
 }
@@ -62,9 +60,13 @@ pub struct SliceDevice {
     pub instance: String,
     pub slot: String,
     pub attributes: BTreeMap<String, Attribute>,
-    /// The slot is held through a device plugin ([`HELD_TAINT_KEY`]); for
+    /// The slot is held through a device plugin ([`super::HELD_TAINT_KEY`]); for
     /// a consumable device: every slot is.
     pub held: bool,
+    /// The taints to publish on it, in key order ([`device_taints`]): held,
+    /// and the fault its discovery reports ([`super::HEALTH_PROPERTY`]).
+    #[serde(default)]
+    pub taints: Vec<PlannedTaint>,
     /// `Some(n)`: one device for the whole Instance that allows multiple
     /// allocations, with `n` slots of capacity
     /// ([`super::SLOTS_CAPACITY`]; [`super::consumable_slots`]).
@@ -220,7 +222,16 @@ pub fn plan_with(
         }
         // Standard topology attributes are steward's own: always kept.
         fixed.extend(topology_attributes(&inst.properties));
-        let (base, skipped) = attributes_of(fixed, &inst.properties);
+        // Health is a taint, not an attribute: an attribute would change
+        // with it and could be selected on.
+        let fault = DeviceFault::of_properties(&inst.properties);
+        let properties: BTreeMap<String, String> = inst
+            .properties
+            .iter()
+            .filter(|(k, _)| k.as_str() != HEALTH_PROPERTY)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let (base, skipped) = attributes_of(fixed, &properties);
         for (k, why) in skipped {
             notes.push(format!(
                 "{}: property {k} is not published: {why}",
@@ -238,6 +249,7 @@ pub fn plan_with(
                 slot: String::new(),
                 attributes: base,
                 held: free == 0,
+                taints: device_taints(free == 0, fault.as_ref()),
                 slots: Some(if free == 0 { inst.capacity } else { free }),
             });
             continue;
@@ -253,6 +265,7 @@ pub fn plan_with(
                 slot: slot_id(&inst.name, n),
                 attributes,
                 held: inst.held.contains(&n),
+                taints: device_taints(inst.held.contains(&n), fault.as_ref()),
                 slots: None,
             });
         }

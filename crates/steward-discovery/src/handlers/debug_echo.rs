@@ -5,7 +5,7 @@
 //! descriptions: ["foo0", "foo1"]   # one device per description (id = description)
 //! count: 1000                      # optional: also N generated devices `<prefix>-<i>`
 //! prefix: bench                    # optional prefix of generated ids (default `debug-echo`)
-//! availabilityFile: /path/to/file  # optional: content `OFFLINE` = no devices
+//! availabilityFile: /path/to/file  # optional: `OFFLINE` = no devices; `FATAL …`/`TRANSIENT …` = faulty
 //! pollInterval: 200ms              # optional: how often the file is read
 //! shared: true                     # accepted and ignored: see below
 //! properties: {NUMA_NODE: "1"}     # optional: more properties of every device
@@ -21,6 +21,13 @@
 //! an empty list while not. It is unavailable when [`DebugEcho::set_available`]
 //! was called with `false`, or when the availability file's content (trimmed)
 //! is `OFFLINE`; a missing or unreadable file counts as available.
+//!
+//! Health: while the file's content (trimmed) starts with the word `FATAL`
+//! or `TRANSIENT` (any case), the devices are listed with the property
+//! `STEWARD_HEALTH` (`steward_core::dra::HEALTH_PROPERTY`) set to that
+//! content, e.g. `FATAL ECC error`: steward reports them unhealthy to
+//! kubelet and taints them in its ResourceSlices until the file says
+//! anything else. Any other content leaves the devices healthy.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -29,6 +36,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde::Deserialize;
+use steward_core::dra::HEALTH_PROPERTY;
 use tokio::sync::watch;
 
 use crate::duration::parse_duration;
@@ -161,15 +169,37 @@ fn devices(details: &Details) -> Result<Vec<Device>, DiscoveryError> {
         .collect())
 }
 
-/// Whether the availability file allows devices.
-async fn file_allows(path: &PathBuf) -> bool {
+/// What the handler currently reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// No devices.
+    Offline,
+    /// Every device, with this health property value when faulty.
+    Online(Option<String>),
+}
+
+/// The health property value a file's content states: the content when
+/// its first word is `FATAL` or `TRANSIENT`.
+fn fault_of(content: &str) -> Option<String> {
+    let content = content.trim();
+    let word = content
+        .split(|c: char| c == ':' || c.is_whitespace())
+        .next()
+        .unwrap_or_default();
+    (word.eq_ignore_ascii_case("fatal") || word.eq_ignore_ascii_case("transient"))
+        .then(|| content.to_owned())
+}
+
+/// What the availability file says.
+async fn file_says(path: &PathBuf) -> Seen {
     match tokio::fs::read_to_string(path).await {
-        Ok(content) => content.trim() != OFFLINE,
+        Ok(content) if content.trim() == OFFLINE => Seen::Offline,
+        Ok(content) => Seen::Online(fault_of(&content)),
         Err(e) => {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::debug!(path = %path.display(), error = %e, "cannot read availability file, assuming available");
             }
-            true
+            Seen::Online(None)
         }
     }
 }
@@ -181,7 +211,7 @@ struct State {
     _sender: Arc<watch::Sender<bool>>,
     file: Option<PathBuf>,
     poll: Duration,
-    last: Option<bool>,
+    last: Option<Seen>,
 }
 
 impl DiscoveryHandler for DebugEcho {
@@ -232,18 +262,25 @@ impl DiscoveryHandler for DebugEcho {
         let stream = futures::stream::unfold(state, |mut st| async move {
             loop {
                 let switch_on = *st.switch.borrow_and_update();
-                let available = switch_on
-                    && match &st.file {
-                        Some(path) => file_allows(path).await,
-                        None => true,
+                let seen = match &st.file {
+                    _ if !switch_on => Seen::Offline,
+                    Some(path) => file_says(path).await,
+                    None => Seen::Online(None),
+                };
+                if st.last.as_ref() != Some(&seen) {
+                    let list = match &seen {
+                        Seen::Offline => Vec::new(),
+                        Seen::Online(None) => st.devices.as_ref().clone(),
+                        Seen::Online(Some(fault)) => {
+                            let mut list = st.devices.as_ref().clone();
+                            for d in &mut list {
+                                d.properties
+                                    .insert(HEALTH_PROPERTY.to_owned(), fault.clone());
+                            }
+                            list
+                        }
                     };
-                if st.last != Some(available) {
-                    st.last = Some(available);
-                    let list = if available {
-                        st.devices.as_ref().clone()
-                    } else {
-                        Vec::new()
-                    };
+                    st.last = Some(seen);
                     return Some((Ok(list), st));
                 }
                 if st.file.is_some() {
@@ -313,7 +350,13 @@ mod tests {
             assert_eq!(d.properties["NUMA_NODE"], "1");
             assert_eq!(d.properties[DESCRIPTION_PROPERTY], d.id);
         }
-        assert!(discover(&h, "{descriptions: [a], properties: {DEBUG_ECHO_DESCRIPTION: x}}").is_err());
+        assert!(
+            discover(
+                &h,
+                "{descriptions: [a], properties: {DEBUG_ECHO_DESCRIPTION: x}}"
+            )
+            .is_err()
+        );
     }
 
     #[tokio::test]
@@ -356,5 +399,40 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(next.unwrap().unwrap().len(), 1);
+    }
+
+    async fn next(s: &mut DeviceStream) -> Vec<Device> {
+        tokio::time::timeout(Duration::from_secs(5), s.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_availability_file_can_report_a_fault_and_its_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("avail");
+        std::fs::write(&file, "FATAL ECC error\n").unwrap();
+        let h = DebugEcho::new(false);
+        let details = format!(
+            "{{descriptions: [a], availabilityFile: {}, pollInterval: 10ms}}",
+            file.display()
+        );
+        let mut s = discover(&h, &details).unwrap();
+        let list = next(&mut s).await;
+        assert_eq!(list[0].properties[HEALTH_PROPERTY], "FATAL ECC error");
+        std::fs::write(&file, "transient: link").unwrap();
+        assert_eq!(
+            next(&mut s).await[0].properties[HEALTH_PROPERTY],
+            "transient: link"
+        );
+        std::fs::write(&file, "ONLINE").unwrap();
+        let list = next(&mut s).await;
+        assert!(!list[0].properties.contains_key(HEALTH_PROPERTY));
+        std::fs::write(&file, "OFFLINE").unwrap();
+        assert!(next(&mut s).await.is_empty());
+        assert_eq!(fault_of("Fatal"), Some("Fatal".to_owned()));
+        assert_eq!(fault_of("fatalistic"), None);
     }
 }
