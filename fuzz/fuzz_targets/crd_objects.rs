@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use steward_api::{Instance, Reservation, SlotClaim, instance_view};
 use steward_kube::Change;
-use steward_reservations::ledger_picture::LedgerPicture;
+use steward_leader::cluster_picture::ClusterPicture;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, bytes)) = data.split_first() else {
@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
 /// for one node: whatever it writes, once written, it does not want to
 /// write again (a controller that disagrees with itself writes forever).
 fn reconcile_converges(r: Reservation) {
-    let mut world = LedgerPicture::default();
+    let mut world = ClusterPicture::default();
     world.instances(Change::Relisted(Vec::new()));
     world.slot_claims(Change::Relisted(Vec::new()));
     world.pods(Change::Relisted(Vec::new()));

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use steward_reservations::extender::{ExtenderArgs, slot_request};
+use steward_extender::{ExtenderArgs, slot_request};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(args) = serde_json::from_slice::<ExtenderArgs>(data) else {

@@ -35,7 +35,7 @@ use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 use steward_agent::dra::SlicePublisher;
 use steward_core::dra::{DraInstance, Layout, consumable_device_name, device_name, plan_with};
-use steward_reservations::deviceclass::{ExtendedInstance, instance_class_for};
+use steward_leader::deviceclass::{ExtendedInstance, instance_class_for};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::dra_alloc::AllocError;
 use steward_testing_apiserver::dra_extended::schedule_extended_resources;

@@ -68,7 +68,7 @@ async fn one_pod_spec_is_served_by_the_device_plugin_and_by_dra_never_both() {
     let dir = tempfile::tempdir().unwrap();
     let (events, _events_task) =
         steward_kube::EventSink::start(server.client(), "steward-controller", "test");
-    let classes = tokio::spawn(steward_reservations::deviceclass::maintain(
+    let classes = tokio::spawn(steward_leader::deviceclass::maintain(
         server.client(),
         events,
     ));
@@ -305,7 +305,7 @@ async fn on_kubernetes_1_35_the_device_plugin_serves_and_nothing_is_rewritten() 
     let (events, _events_task) =
         steward_kube::EventSink::start(server.client(), "steward-controller", "test");
     let classes = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-        steward_reservations::deviceclass::maintain(server.client(), events),
+        steward_leader::deviceclass::maintain(server.client(), events),
     ));
     let node_a = Node::start(dir.path(), "node-a", Some(server.client())).await;
     let agent_a = Agent::start(dra_agent_config(

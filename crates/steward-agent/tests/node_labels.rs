@@ -16,7 +16,7 @@ use kube::api::{DeleteParams, PostParams};
 use steward_api::{
     PodRef, Reservation, ReservationSpec, ReservationStatus, SlotClaim, node_label_key,
 };
-use steward_reservations::{ControllerConfig, run};
+use steward_leader::{ControllerConfig, run};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

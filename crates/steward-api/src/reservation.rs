@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn status_records_the_core_decision() {
-        let mut l = core::ReservationLedger::new(60_000);
+        let mut l = core::ReservationDecider::new(60_000);
         l.set_instance(
             "cam",
             core::InstanceCapacity {

@@ -18,7 +18,7 @@
 //!   many pods a scheduler that trusts each node's advertised slots would
 //!   have placed that then fail admission.
 //!
-//! `cargo bench -p steward-reservations --bench extender`;
+//! `cargo bench -p steward-extender --bench extender`;
 //! `STEWARD_BENCH_SMOKE=1` for a short run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,8 +33,8 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 use steward_api::{Instance, InstanceSpec, Reservation};
-use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
-use steward_reservations::{ControllerConfig, DecideConfig, run};
+use steward_extender::{Extender, ExtenderConfig, LeaderLease, server};
+use steward_leader::{ControllerConfig, DecideConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;

@@ -11,7 +11,7 @@
 //! objects, see `tests/go_race/mod.rs`); reports the Filter p99 against
 //! the floor's, decisions/s and the pause around the kill.
 //!
-//! `cargo bench -p steward-reservations --bench go_race` (needs the Go
+//! `cargo bench -p steward-extender --bench go_race` (needs the Go
 //! peers: `eval "$(scripts/go-peers.sh)"; export STEWARD_GO_PEERS`);
 //! `STEWARD_BENCH_SMOKE=1` for a short run (100 pods).
 //! `STEWARD_BENCH_KILLS=10` then races that many times more, the leader

@@ -26,10 +26,10 @@ impl PodAsks {
     }
 
     /// Why no Reservation can hold this ask (no node can take the pod,
-    /// whatever is preempted), if so: [`crate::bounds::check_amounts`],
+    /// whatever is preempted), if so: [`steward_reservations::bounds::check_amounts`],
     /// the bounds every way in applies.
     pub fn beyond_bounds(&self) -> Option<String> {
-        crate::bounds::check_amounts(&self.slots, self.cpus)
+        steward_reservations::bounds::check_amounts(&self.slots, self.cpus)
             .err()
             .map(|e| e.to_string())
     }

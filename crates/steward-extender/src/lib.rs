@@ -1,9 +1,9 @@
-//! The scheduler extender: kube-scheduler's Filter and Prioritize over HTTP,
-//! backed by Reservations the controller decides.
+//! `steward extender`, the scheduler extender: kube-scheduler's Filter and
+//! Prioritize over HTTP, backed by Reservations the controller decides.
 //!
 //! **Protocol: the decision is awaited inside Filter, within a bound.**
 //! With [`ExtenderConfig::leader`], Filter first asks the leading controller
-//! directly ([`crate::direct`]): it writes the ask and answers with the
+//! directly ([`steward_reservations::direct`]): it writes the ask and answers with the
 //! written decision (or, for a new ask it rejects, the rejection without a
 //! write). When no leader answers, the API path below is taken.
 //! On the API path Filter creates (or renews) the pod's Reservation with the candidate nodes
@@ -44,9 +44,9 @@ use steward_core::reservation::reservation_name;
 use tokio_util::task::AbortOnDropHandle;
 
 use self::seen::Seen;
-use crate::ask::{self, Current, Written, answered};
-use crate::direct::client::{Answer, Leader};
-use crate::direct::wire::DecideRequest;
+use steward_reservations::ask::{self, Current, Written, answered, api_refused};
+use steward_reservations::direct::client::{Answer, Leader};
+use steward_reservations::direct::wire::DecideRequest;
 
 pub use asks::{AskError, PodAsks, cpu_request, pod_asks, slot_request};
 
@@ -71,17 +71,17 @@ pub struct ExtenderConfig {
     /// baseline).
     pub shared_watch: bool,
     /// Ask the controller that leads on this Lease directly
-    /// ([`crate::direct`]), falling back to the API path when it does not
+    /// ([`steward_reservations::direct`]), falling back to the API path when it does not
     /// answer; `None`: the API path only.
     pub leader: Option<LeaderLease>,
     /// Sent to the leader as `Authorization: Bearer` (a projected
-    /// ServiceAccount token, [`crate::direct::token`]); `None`: no
+    /// ServiceAccount token, [`steward_reservations::direct::token`]); `None`: no
     /// credentials.
-    pub decide_token: Option<crate::direct::token::DecideToken>,
+    pub decide_token: Option<steward_reservations::direct::token::DecideToken>,
     /// Ask the leader over HTTPS only, its certificate verified
-    /// ([`crate::direct::transport::DecideTrust`]); `None`: over plain
+    /// ([`steward_reservations::direct::transport::DecideTrust`]); `None`: over plain
     /// HTTP, the leader unauthenticated.
-    pub decide_trust: Option<crate::direct::transport::DecideTrust>,
+    pub decide_trust: Option<steward_reservations::direct::transport::DecideTrust>,
 }
 
 /// The controller's election Lease.
@@ -117,7 +117,9 @@ pub struct Extender {
     leader: Option<Arc<Leader>>,
 }
 
-pub use crate::bounds::{MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE};
+pub use steward_reservations::bounds::{
+    MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE,
+};
 /// How often Filter writes the pod's Reservation again after losing a
 /// write race (409) before answering an error.
 const WRITE_ATTEMPTS: usize = 8;
@@ -402,11 +404,6 @@ impl Extender {
             }
         }
     }
-}
-
-/// The reason for a Reservation the API server refused (422).
-pub(crate) fn api_refused(message: &str) -> String {
-    format!("the API server refused the pod's Reservation: {message}")
 }
 
 fn source_text(e: &FilterError) -> String {

@@ -32,13 +32,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::reserve::{self, Answer, PodVerb};
 use super::{Extender, ExtenderArgs};
-pub use crate::http::Callers;
-use crate::http::{json, text};
 use steward_nodeio::bounded::TlsSource;
+pub use steward_reservations::http::Callers;
+use steward_reservations::http::{json, text};
 
 /// Largest request body accepted (kube-scheduler sends whole Node objects
 /// when not node-cache-capable: 5,000 nodes fit); the HTTP server's bound.
-pub use crate::http::MAX_BODY;
+pub use steward_reservations::http::MAX_BODY;
 
 /// Most request-body bytes held at once across all requests: one largest
 /// body, or many small ones.
@@ -49,7 +49,7 @@ pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 << 20;
 /// `deploy/scheduler/` is longer).
 pub const BODY_WAIT: Duration = Duration::from_secs(2);
 
-pub use crate::http::ACCEPT_BACKOFF_MAX;
+pub use steward_reservations::http::ACCEPT_BACKOFF_MAX;
 
 /// Paths served to callers without a client certificate over TLS.
 pub const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
@@ -61,7 +61,7 @@ pub const DEFAULT_CLIENT_NAME: &str = "system:kube-scheduler";
 /// cancelled: callers are not authenticated.
 pub async fn serve(listener: TcpListener, extender: Arc<Extender>, stop: CancellationToken) {
     let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
-    crate::http::serve(listener, "extender", stop, move |req| {
+    steward_reservations::http::serve(listener, "extender", stop, move |req| {
         let extender = extender.clone();
         let budget = budget.clone();
         async move { route(&extender, &budget, req).await }
@@ -96,7 +96,7 @@ pub async fn serve_tls(
 ) {
     let budget = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT));
     let callers = tls.callers;
-    crate::http::serve_tls(listener, tls.source, "extender", stop, move |req| {
+    steward_reservations::http::serve_tls(listener, tls.source, "extender", stop, move |req| {
         let extender = extender.clone();
         let budget = budget.clone();
         let refused = callers.as_ref().and_then(|c| c.refusal(&req));

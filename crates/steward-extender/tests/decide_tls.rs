@@ -2,7 +2,7 @@
 //! certificate (the controller's `--decide-tls-cert-file`), the extender
 //! verifies it against a CA and a fixed name (`--decide-ca-file`,
 //! `--decide-server-name`), with the API server stand-in and the real
-//! controller, and the certificates of `tests/fixtures/tls` (README.md
+//! controller, and the certificates of `steward-reservations/tests/fixtures/tls` (README.md
 //! there): `decide.crt` is signed by `ca` for [`NAME`].
 //!
 //! A leader whose certificate verifies is asked; one signed by another CA
@@ -22,13 +22,13 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use steward_api::{PodRef, ReservationSpec};
+use steward_extender::ExtenderConfig;
+use steward_leader::direct::server::DecideTls;
+use steward_leader::metrics::{ASK_OUTCOMES, AskLabels};
 use steward_nodeio::bounded::TlsFiles;
 use steward_reservations::direct::client::{Answer, DirectError, Leader};
-use steward_reservations::direct::server::DecideTls;
 use steward_reservations::direct::transport::DecideTrust;
 use steward_reservations::direct::wire::DecideRequest;
-use steward_reservations::extender::ExtenderConfig;
-use steward_reservations::metrics::{ASK_OUTCOMES, AskLabels};
 use steward_testing_apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -40,7 +40,8 @@ use common::{NS, Stand, direct, stand_full};
 const NAME: &str = "steward-controller-decide.steward-system.svc";
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/tls/{name}"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../steward-reservations/tests/fixtures/tls/{name}"))
 }
 
 fn trust(ca: &Path, name: &str) -> DecideTrust {

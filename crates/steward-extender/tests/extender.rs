@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 use steward_api::Reservation;
-use steward_reservations::extender::ExtenderConfig;
+use steward_extender::ExtenderConfig;
 use steward_testing_apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -153,7 +153,7 @@ async fn the_direct_path_leaves_every_reservation_write_to_the_leader() {
     let asks = |outcome| {
         s.metrics
             .direct_asks
-            .get_or_create(&steward_reservations::metrics::AskLabels { outcome })
+            .get_or_create(&steward_leader::metrics::AskLabels { outcome })
             .get()
     };
     assert_eq!(asks("decided"), 2, "both Filters asked the leader");
@@ -931,9 +931,7 @@ async fn renewing_compares_candidates_as_a_set_and_survives_write_races() {
 
 #[test]
 fn the_extenders_bounds_are_the_reservation_crds() {
-    use steward_reservations::extender::{
-        MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE,
-    };
+    use steward_extender::{MAX_CANDIDATES, MAX_EXCLUSIVE_CPUS, MAX_SLOTS_PER_INSTANCE};
     let crd = steward_api::crds()
         .into_iter()
         .find(|c| c.spec.names.kind == "Reservation")
@@ -967,7 +965,7 @@ fn the_extenders_bounds_are_the_reservation_crds() {
 #[tokio::test]
 async fn a_dead_leaders_filters_go_through_the_api_until_the_standby_leads() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use steward_reservations::{ControllerConfig, DecideConfig, run};
+    use steward_leader::{ControllerConfig, DecideConfig, run};
     use tokio_util::sync::CancellationToken;
 
     let s = stand_opts(2, &[], false, direct()).await;

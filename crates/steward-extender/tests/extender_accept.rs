@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use steward_reservations::extender::{Extender, ExtenderConfig, server};
+use steward_extender::{Extender, ExtenderConfig, server};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
@@ -28,7 +28,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
         // The accept loop is steward_nodeio::bounded's, shared by every
         // HTTP listener.
         let t = e.metadata().target();
-        if !t.starts_with("steward_reservations") && !t.starts_with("steward_nodeio::bounded") {
+        if !t.starts_with("steward_extender")
+            && !t.starts_with("steward_reservations")
+            && !t.starts_with("steward_nodeio::bounded")
+        {
             return;
         }
         match *e.metadata().level() {

@@ -1,6 +1,6 @@
 //! The extender over HTTPS with client certificates, as kube-scheduler
 //! calls it with `enableHTTPS: true` and a `tlsConfig`: real sockets, a
-//! rustls client, the certificates of `tests/fixtures/tls` (README.md
+//! rustls client, the certificates of `steward-reservations/tests/fixtures/tls` (README.md
 //! there). Filter with the scheduler's certificate is served; without a
 //! certificate, or with one from the right CA naming someone else, 403;
 //! from another CA the handshake fails; probes need no certificate; a
@@ -13,17 +13,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use steward_extender::server::{self, ExtenderTls};
+use steward_extender::{Extender, ExtenderConfig};
 use steward_nodeio::bounded::rustls::{self, ClientConfig, RootCertStore};
 use steward_nodeio::bounded::rustls_pki_types::pem::PemObject;
 use steward_nodeio::bounded::rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use steward_nodeio::bounded::{ClientAuth, TlsFiles, tokio_rustls};
-use steward_reservations::extender::server::{self, ExtenderTls};
-use steward_reservations::extender::{Extender, ExtenderConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/tls/{name}"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../steward-reservations/tests/fixtures/tls/{name}"))
 }
 
 /// The extender over HTTPS, allowing kube-scheduler's name; its address.

@@ -22,7 +22,7 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 use steward_api::Reservation;
 use steward_core::reservation::{NODE_CPUS_ANNOTATION, reservation_name};
-use steward_reservations::extender::ExtenderConfig;
+use steward_extender::ExtenderConfig;
 use tokio::io::AsyncWriteExt;
 
 use common::{NS, Stand, direct, stand_opts};

@@ -1,7 +1,7 @@
 //! What one decision costs the controller as the cluster grows: the
 //! baseline for "work grows with change, not with size".
 //!
-//! The controller's picture ([`LedgerPicture`]) is loaded with 5,000 nodes,
+//! The controller's picture ([`ClusterPicture`]) is loaded with 5,000 nodes,
 //! 4 local Instances of 8 slots per node, and `R` managed pods that hold a
 //! slot each (bound, Running, their SlotClaim written, their Reservation
 //! consumed). Then, again and again, one more pod is filtered: its
@@ -10,14 +10,14 @@
 //! reported per `R`, and its growth against the smallest `R`: work that
 //! grows with change keeps that ratio near 1. Beside it, in the same run,
 //! the baseline: the same picture's ledger rebuilt from every object
-//! ([`LedgerPicture::audit`]), which is what every batch cost before the
+//! ([`ClusterPicture::audit`]), which is what every batch cost before the
 //! ledger was kept.
 //!
 //! Memory: a counting allocator measures the picture's live bytes with the
 //! pods and without them; the difference per pod is what one managed pod
 //! (its Reservation, pod facts and claim as mirrored) costs the controller.
 //!
-//! `cargo bench -p steward-reservations --bench ledger_scale`;
+//! `cargo bench -p steward-leader --bench ledger_scale`;
 //! `STEWARD_BENCH_SMOKE=1` for a short run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,7 +34,7 @@ use steward_api::{
 };
 use steward_core::Millis;
 use steward_kube::Change;
-use steward_reservations::ledger_picture::LedgerPicture;
+use steward_leader::cluster_picture::ClusterPicture;
 
 /// Live heap bytes: what the picture holds is measured as a difference.
 struct Counting;
@@ -138,13 +138,13 @@ fn now() -> Millis {
 
 /// The picture with `nodes` nodes and their Instances, and `pods` managed
 /// pods holding a slot each, settled (no write pending).
-fn loaded(nodes: usize, pods: usize) -> LedgerPicture {
+fn loaded(nodes: usize, pods: usize) -> ClusterPicture {
     let instances = nodes * PER_NODE;
     assert!(
         pods <= instances * CAPACITY as usize,
         "more pods than slots"
     );
-    let mut p = LedgerPicture::default();
+    let mut p = ClusterPicture::default();
     p.nodes(Change::Relisted(
         (0..nodes)
             .map(|n| serde_json::from_value(json!({"metadata": {"name": format!("n{n}")}})))
@@ -211,7 +211,7 @@ fn pct(sorted: &[Duration], q: f64) -> Duration {
 
 /// One batch per new pod, `rounds` of them, at `pods` preloaded; returns
 /// the batch times, sorted.
-fn decisions(p: &mut LedgerPicture, nodes: usize, pods: usize, rounds: usize) -> Vec<Duration> {
+fn decisions(p: &mut ClusterPicture, nodes: usize, pods: usize, rounds: usize) -> Vec<Duration> {
     let instances = nodes * PER_NODE;
     let mut times = Vec::with_capacity(rounds);
     for j in 0..rounds {
@@ -249,7 +249,7 @@ fn decisions(p: &mut LedgerPicture, nodes: usize, pods: usize, rounds: usize) ->
 }
 
 /// The rebuild from every object, `rounds` times; sorted times.
-fn rebuilds(p: &LedgerPicture, rounds: usize) -> Vec<Duration> {
+fn rebuilds(p: &ClusterPicture, rounds: usize) -> Vec<Duration> {
     let mut times: Vec<Duration> = (0..rounds)
         .map(|_| {
             let t = Instant::now();

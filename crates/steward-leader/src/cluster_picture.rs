@@ -1,7 +1,7 @@
 //! What the controller knows of the cluster — one [`Mirror`] per kind —
-//! the reservation ledger kept from it, and the decisions it implies.
+//! the reservation decider kept from it, and the decisions it implies.
 //!
-//! The ledger is built once from every object ([`rebuild`]: Instances,
+//! The decider is built once from every object ([`rebuild`]: Instances,
 //! SlotClaims, Nodes, Pods and the Reservations with the statuses earlier
 //! decisions wrote) and then kept: each watch change updates it where the
 //! change lands, and only the pods it touched ("dirty") are looked at
@@ -11,8 +11,8 @@
 //! that loses (409) changes nothing: the pod is looked at again from what
 //! was really persisted, so a decision exists only once it is in the API,
 //! and a successor controller starts from exactly what its predecessor
-//! persisted. A relist rebuilds; [`LedgerPicture::audit`] rebuilds aside
-//! and reports where the kept ledger would write otherwise.
+//! persisted. A relist rebuilds; [`ClusterPicture::audit`] rebuilds aside
+//! and reports where the kept decider would write otherwise.
 
 mod asks;
 mod pod_facts;
@@ -27,7 +27,7 @@ use kube::ResourceExt;
 use steward_api::{Instance, Reservation, SlotClaim};
 use steward_core::Millis;
 use steward_core::reservation::{
-    Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, ReservationLedger,
+    Change, InstanceCapacity, NODE_CPUS_ANNOTATION, NodeCpus, ReservationDecider,
 };
 use steward_kube::{Change as Watch, Mirror, ObjectKey};
 
@@ -37,7 +37,7 @@ use rebuild::{Rebuilt, write_for};
 /// Every object the decisions depend on, as last seen: one
 /// [`Mirror`] per kind, each keeping only what the decisions read.
 #[derive(Debug)]
-pub struct LedgerPicture {
+pub struct ClusterPicture {
     /// Instance name → its capacity.
     instances: Mirror<Instance, InstanceCapacity, String>,
     /// SlotClaim object → (its slot, the uid of the pod it holds it for).
@@ -50,26 +50,26 @@ pub struct LedgerPicture {
     nodes: Mirror<Node, Option<NodeCpus>, String>,
     /// pod uid → the key of its Reservation.
     by_uid: BTreeMap<String, ObjectKey>,
-    /// The ledger as of the last reconcile, kept between batches.
-    ledger: ReservationLedger,
+    /// The decider as of the last reconcile, kept between batches.
+    decider: ReservationDecider,
     /// Pods whose reservations their own claims consumed.
     consumed: BTreeSet<String>,
     /// Pods to look at again in the next reconcile.
     dirty: BTreeSet<String>,
-    /// The ledger must be rebuilt from every object before it is used
+    /// The decider must be rebuilt from every object before it is used
     /// (nothing built yet, a relist, the set of Nodes changed).
     stale: bool,
-    /// The time to live `ledger` was built with.
+    /// The time to live `decider` was built with.
     ttl_ms: u64,
     /// Full rebuilds so far.
     rebuilds: u64,
     /// Reservations this controller wrote whose watch event has not come
     /// yet: key → the resourceVersion written. Until it comes, the watch
     /// can only bring older states of the object (it delivers one kind's
-    /// events in resourceVersion order), which must not move the ledger
+    /// events in resourceVersion order), which must not move the decider
     /// back; resourceVersions are only compared for equality.
     /// With the instant of the write, to give up on an echo that never
-    /// comes ([`LedgerPicture::forget_expected`]).
+    /// comes ([`ClusterPicture::forget_expected`]).
     expected: HashMap<ObjectKey, (String, Millis)>,
     /// Reservation relists so far: an ask written before the last one has
     /// its result taken from the watch only.
@@ -103,7 +103,7 @@ pub struct Write {
     pub announce: bool,
 }
 
-impl Default for LedgerPicture {
+impl Default for ClusterPicture {
     fn default() -> Self {
         Self {
             instances: Mirror::keyed(name, |i: Instance| {
@@ -125,7 +125,7 @@ impl Default for LedgerPicture {
             pods: Mirror::keyed(|p: &Pod| p.metadata.uid.clone(), |p| Some(PodFacts::of(&p))),
             nodes: Mirror::keyed(name, |n: Node| Some(node_cpus(&n))),
             by_uid: BTreeMap::new(),
-            ledger: ReservationLedger::default(),
+            decider: ReservationDecider::default(),
             consumed: BTreeSet::new(),
             dirty: BTreeSet::new(),
             stale: true,
@@ -159,7 +159,7 @@ fn node_cpus(n: &Node) -> Option<NodeCpus> {
     }
 }
 
-impl LedgerPicture {
+impl ClusterPicture {
     /// Whether every kind has been listed: nothing is decided before all
     /// have (a pod not yet seen is not a pod that is gone).
     pub fn ready(&self) -> bool {
@@ -170,13 +170,13 @@ impl LedgerPicture {
             && self.nodes.listed()
     }
 
-    /// Whether the ledger is built and kept: every kind listed and no
+    /// Whether the decider is built and kept: every kind listed and no
     /// rebuild pending.
     pub fn kept(&self) -> bool {
         self.ready() && !self.stale
     }
 
-    /// How many times the ledger was rebuilt from every object.
+    /// How many times the decider was rebuilt from every object.
     pub fn rebuilds(&self) -> u64 {
         self.rebuilds
     }
@@ -192,7 +192,7 @@ impl LedgerPicture {
     }
 
     // An interrupted watch changes nothing here: it resumes or relists.
-    // While the ledger is stale, changes only update the mirrors: the
+    // While the decider is stale, changes only update the mirrors: the
     // rebuild reads them all.
 
     pub fn instances(&mut self, change: Watch<Instance>) {
@@ -216,13 +216,13 @@ impl LedgerPicture {
                 && before.as_ref() != Some(cap)
             {
                 let cap = self.seen_capacity(cap);
-                let changes = self.ledger.set_instance(&name, cap);
+                let changes = self.decider.set_instance(&name, cap);
                 self.note(changes);
                 self.dirty.extend(self.asking_for(&name));
             }
         }
         for (name, _) in delta.removed {
-            let changes = self.ledger.remove_instance(&name);
+            let changes = self.decider.remove_instance(&name);
             self.note(changes);
             self.dirty.extend(self.asking_for(&name));
         }
@@ -248,13 +248,13 @@ impl LedgerPicture {
             return;
         }
         if let Some((slot, uid)) = before {
-            self.ledger.claim_released(&slot);
+            self.decider.claim_released(&slot);
             self.dirty.insert(uid);
         }
         if let Some((slot, uid)) = after {
             // Other pods' reservations of the slot move: look at them again.
-            self.dirty.extend(self.ledger.reserved_for(&slot));
-            let changes = self.ledger.claim_observed(&slot, &uid);
+            self.dirty.extend(self.decider.reserved_for(&slot));
+            let changes = self.decider.claim_observed(&slot, &uid);
             self.note(changes);
             self.dirty.insert(uid);
         }
@@ -264,7 +264,7 @@ impl LedgerPicture {
     /// applied, and its key's older watch events ignored until the watch
     /// brings this one. Only for a write whose watch event cannot have come
     /// yet (a status written from the object as last seen, its result taken
-    /// before the next watch event); otherwise [`LedgerPicture::written_ask`].
+    /// before the next watch event); otherwise [`ClusterPicture::written_ask`].
     pub fn written(&mut self, r: Reservation, now: Millis) {
         if let Some(rv) = r.metadata.resource_version.clone() {
             self.expected.insert(ObjectKey::of(&r), (rv, now));
@@ -273,14 +273,14 @@ impl LedgerPicture {
     }
 
     /// An ask's Reservation as its write (create or renew, made off the
-    /// decision loop) returned it: as [`LedgerPicture::written`], unless the
+    /// decision loop) returned it: as [`ClusterPicture::written`], unless the
     /// picture already shows that object at that spec or later (the watch
     /// brought it first: the same object and a generation as high; the
     /// generation grows with every spec write). Whether it was applied.
     ///
     /// Nor is it applied when it may be older than the picture in another
     /// way: written before the last relist (`relists`, as
-    /// [`LedgerPicture::relists`] said when the write was sent), or naming
+    /// [`ClusterPicture::relists`] said when the write was sent), or naming
     /// an object the watch showed deleted. The watch brings it then.
     pub fn written_ask(&mut self, r: Reservation, relists: u64, now: Millis) -> bool {
         let shown = self
@@ -442,7 +442,7 @@ impl LedgerPicture {
                 // Reservations there may move to another NUMA node, and a
                 // pod that starts or stops holding its CPUs there is
                 // consumed or no longer.
-                self.dirty.extend(self.ledger.reserved_on(&node));
+                self.dirty.extend(self.decider.reserved_on(&node));
                 let holders = |c: Option<&Option<NodeCpus>>| {
                     c.and_then(Option::as_ref)
                         .map(|c| c.holders.clone())
@@ -450,7 +450,7 @@ impl LedgerPicture {
                 };
                 let (old, new) = (holders(was), holders(Some(&now)));
                 self.dirty.extend(old.symmetric_difference(&new).cloned());
-                let changes = self.ledger.set_node_cpus(&node, now);
+                let changes = self.decider.set_node_cpus(&node, now);
                 self.note(changes);
             }
         }
@@ -469,8 +469,8 @@ impl LedgerPicture {
             return Vec::new();
         }
         if self.stale || self.ttl_ms != ttl_ms {
-            let (Rebuilt { ledger, consumed }, writes) = self.rebuild(ttl_ms, now);
-            self.ledger = ledger;
+            let (Rebuilt { decider, consumed }, writes) = self.rebuild(ttl_ms, now);
+            self.decider = decider;
             self.consumed = consumed;
             self.dirty.clear();
             self.stale = false;
@@ -485,11 +485,11 @@ impl LedgerPicture {
             self.reread(uid);
         }
         for uid in &touched {
-            let mut ledger = std::mem::take(&mut self.ledger);
-            self.decide_into(&mut ledger, &self.consumed, uid, now);
-            self.ledger = ledger;
+            let mut decider = std::mem::take(&mut self.decider);
+            self.decide_into(&mut decider, &self.consumed, uid, now);
+            self.decider = decider;
         }
-        for c in self.ledger.expire(now) {
+        for c in self.decider.expire(now) {
             if let Change::Phase { uid, .. } = c {
                 touched.insert(uid);
             }
@@ -499,13 +499,13 @@ impl LedgerPicture {
             .filter_map(|uid| self.reservation_of(uid))
             .filter_map(|r| {
                 let lives = self.pod_lives(&r.spec.pod.uid);
-                write_for(r, &self.ledger, &self.consumed, now, lives)
+                write_for(r, &self.decider, &self.consumed, now, lives)
             })
             .collect()
     }
 
-    /// The writes a ledger rebuilt from every object would make now, pods
-    /// still waiting to be looked at aside: empty when the kept ledger
+    /// The writes a decider rebuilt from every object would make now, pods
+    /// still waiting to be looked at aside: empty when the kept decider
     /// agrees with the objects. Changes nothing; O(everything).
     pub fn audit(&self, ttl_ms: u64, now: Millis) -> Vec<Write> {
         if !self.ready() {
@@ -517,13 +517,13 @@ impl LedgerPicture {
         writes
     }
 
-    /// The next reconcile rebuilds the ledger from every object.
+    /// The next reconcile rebuilds the decider from every object.
     pub fn invalidate(&mut self) {
         self.stale = true;
     }
 
     /// Pod `uid`'s reservation as its object records it, replacing what
-    /// the ledger had.
+    /// the decider had.
     fn reread(&mut self, uid: &str) {
         self.consumed.remove(uid);
         let recorded = self
@@ -531,19 +531,19 @@ impl LedgerPicture {
             .and_then(|r| r.status.as_ref().map(|s| self.recorded(r, s)));
         match recorded {
             Some(rec) => {
-                self.ledger.restore(rec);
+                self.decider.restore(rec);
                 // Looked at in this batch already: not marked dirty again.
-                if !self.ledger.settle_pod(uid).is_empty() {
+                if !self.decider.settle_pod(uid).is_empty() {
                     self.consumed.insert(uid.to_owned());
                 }
             }
             None => {
-                self.ledger.forget(uid);
+                self.decider.forget(uid);
             }
         }
     }
 
-    /// Marks what ledger `changes` touched.
+    /// Marks what decider `changes` touched.
     fn note(&mut self, changes: Vec<Change>) {
         for c in changes {
             match c {

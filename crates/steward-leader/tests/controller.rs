@@ -17,7 +17,7 @@ use serde_json::json;
 use steward_api::{
     Instance, InstanceSpec, PodRef, Reservation, ReservationSpec, SlotClaim, SlotClaimSpec,
 };
-use steward_reservations::{ControllerConfig, run};
+use steward_leader::{ControllerConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ const WAIT: Duration = Duration::from_secs(20);
 struct Controller {
     stop: CancellationToken,
     task: JoinHandle<()>,
-    metrics: steward_reservations::ControllerMetrics,
+    metrics: steward_leader::ControllerMetrics,
 }
 
 impl Controller {
@@ -287,7 +287,7 @@ async fn a_shared_instance_is_reserved_once_cluster_wide() {
     let phase = |p: &str| {
         c.metrics
             .reservations
-            .get_or_create(&steward_reservations::metrics::PhaseLabels { phase: p.into() })
+            .get_or_create(&steward_leader::metrics::PhaseLabels { phase: p.into() })
             .get()
     };
     let deadline = tokio::time::Instant::now() + WAIT;

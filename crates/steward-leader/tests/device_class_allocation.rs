@@ -17,7 +17,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use steward_api::{Configuration, ConfigurationSpec};
-use steward_reservations::{ControllerConfig, run};
+use steward_leader::{ControllerConfig, run};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::dra_alloc::allocate_claim;
 use tokio_util::sync::CancellationToken;

@@ -20,10 +20,10 @@ use serde_json::json;
 use steward_api::{
     Configuration, ConfigurationSpec, Instance, InstanceSpec, PodRef, Reservation, ReservationSpec,
 };
-use steward_reservations::deviceclass::{
+use steward_leader::deviceclass::{
     CONFIGURATION_ANNOTATION, DEVICE_CLASS_TAKEN, INSTANCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL,
 };
-use steward_reservations::{ControllerConfig, run};
+use steward_leader::{ControllerConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -518,7 +518,7 @@ async fn without_the_dra_api_the_class_keeper_stops_at_once() {
     let api = setup(false).await;
     configuration(&api, "default", "cams").await;
     let (events, _task) = steward_kube::EventSink::start(api.client(), "test", "test");
-    let keeper = steward_reservations::deviceclass::maintain(api.client(), events);
+    let keeper = steward_leader::deviceclass::maintain(api.client(), events);
     tokio::time::timeout(WAIT, keeper)
         .await
         .expect("the class keeper kept trying without resource.k8s.io/v1");

@@ -13,8 +13,8 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use steward_api::{Instance, InstanceSpec};
-use steward_reservations::node_gone::NodeGoneConfig;
-use steward_reservations::{ControllerConfig, run};
+use steward_leader::node_gone::NodeGoneConfig;
+use steward_leader::{ControllerConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio_util::sync::CancellationToken;
 

@@ -2,7 +2,7 @@
 //! pod's ask and candidate nodes, and knowing when an object answers it.
 //!
 //! One write path for both places a pod is asked for: the extender (when
-//! no leader answers directly, [`crate::extender`]) and the leading
+//! no leader answers directly, `steward_extender`) and the leading
 //! controller serving the direct path ([`crate::direct`]). Every ask is
 //! first held to [`crate::bounds::check`]. A retry after Rejected or
 //! Canceled, a changed ask or a reservation on a node the scheduler no
@@ -34,13 +34,13 @@ use steward_api::{
 /// still shows an older object (deleted and created anew) or an older
 /// spec (renewed) is not taken for its answer.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Target {
+pub struct Target {
     uid: Option<String>,
     generation: Option<i64>,
 }
 
 impl Target {
-    pub(crate) fn of(r: &Reservation) -> Self {
+    pub fn of(r: &Reservation) -> Self {
         Self {
             uid: r.metadata.uid.clone(),
             generation: r.metadata.generation,
@@ -48,14 +48,14 @@ impl Target {
     }
 
     /// Whether `r` is the awaited object (or a later spec of it).
-    pub(crate) fn matches(&self, r: &Reservation) -> bool {
+    pub fn matches(&self, r: &Reservation) -> bool {
         (self.uid.is_none() || r.metadata.uid == self.uid)
             && r.metadata.generation >= self.generation
     }
 }
 
 /// Whether the controller answered the Reservation's current spec.
-pub(crate) fn answered(r: &Reservation) -> bool {
+pub fn answered(r: &Reservation) -> bool {
     r.status.as_ref().is_some_and(|s| {
         s.observed_generation.is_some()
             && s.observed_generation == r.metadata.generation
@@ -66,14 +66,14 @@ pub(crate) fn answered(r: &Reservation) -> bool {
 /// Whether `a` and `b` ask the same: the same pod, slots and CPUs, and
 /// the same candidate set (kube-scheduler orders its nodes anew every
 /// cycle).
-pub(crate) fn same_ask(a: &ReservationSpec, b: &ReservationSpec) -> bool {
+pub fn same_ask(a: &ReservationSpec, b: &ReservationSpec) -> bool {
     let set = |s: &ReservationSpec| s.candidates.iter().cloned().collect::<BTreeSet<_>>();
     a.pod == b.pod && a.slots == b.slots && a.exclusive_cpus == b.exclusive_cpus && set(a) == set(b)
 }
 
 /// What is known of the pod's Reservation before writing.
 #[derive(Debug)]
-pub(crate) enum Current {
+pub enum Current {
     /// Nothing is known: read it first.
     Unknown,
     /// A picture shows none: create without reading (a 409 says otherwise).
@@ -84,7 +84,7 @@ pub(crate) enum Current {
 
 /// What one write attempt came to.
 #[derive(Debug)]
-pub(crate) enum Written {
+pub enum Written {
     /// Already decided for this ask and these candidates.
     Answered(Box<Reservation>),
     /// Wait for the controller's answer to this object; `written` is the
@@ -128,7 +128,7 @@ async fn delete(api: &Api<Reservation>, rname: &str, r: &Reservation) -> Result<
 /// already answered for these candidates, written (or left as it is) to
 /// be waited for, or refused. A 409 means another writer got there first:
 /// read again ([`Current::Unknown`]) and try again.
-pub(crate) async fn write(
+pub async fn write(
     api: &Api<Reservation>,
     rname: &str,
     spec: &ReservationSpec,
@@ -227,7 +227,7 @@ pub(crate) async fn write(
 /// status subresource ([`RESERVATION_DECIDED_VERSION`]), since a create at
 /// the stored version drops the status. The object as created (the API
 /// server gives it generation 1, which the status must answer).
-pub(crate) async fn create_decided(
+pub async fn create_decided(
     client: &kube::Client,
     r: &Reservation,
 ) -> Result<Reservation, kube::Error> {
@@ -248,4 +248,9 @@ pub(crate) async fn create_decided(
         .create(&PostParams::default(), data)
         .map_err(kube::Error::BuildRequest)?;
     client.request::<Reservation>(request).await
+}
+
+/// The reason for a Reservation the API server refused (422).
+pub fn api_refused(message: &str) -> String {
+    format!("the API server refused the pod's Reservation: {message}")
 }

@@ -37,7 +37,7 @@ pub const MAX_BODY: usize = 64 << 20;
 /// connections (every scheduler and controller replica, with room), 60 s
 /// idle; 16 MiB of heads and small bodies and 64 MiB of large bodies
 /// (over 1 MiB: whole Node objects) held at once while they arrive.
-pub(crate) fn limits() -> Limits {
+pub fn limits() -> Limits {
     Limits {
         header_timeout: Duration::from_secs(5),
         body_timeout: Duration::from_secs(5),
@@ -52,7 +52,7 @@ pub(crate) fn limits() -> Limits {
 
 /// Serves `handler` on `listener` within [`limits`] until `stop` is
 /// cancelled, one task per connection; `what` names the endpoint in logs.
-pub(crate) async fn serve<H, F>(
+pub async fn serve<H, F>(
     listener: TcpListener,
     what: &'static str,
     stop: CancellationToken,
@@ -66,7 +66,7 @@ pub(crate) async fn serve<H, F>(
 
 /// [`serve`] over TLS with the configuration `tls` gives each new
 /// connection; requests carry the client's [`PeerCertificates`].
-pub(crate) async fn serve_tls<H, F>(
+pub async fn serve_tls<H, F>(
     listener: TcpListener,
     tls: Arc<dyn TlsSource>,
     what: &'static str,
@@ -105,7 +105,7 @@ impl Callers {
     }
 
     /// `None` if `req` may be served; else the 403 to answer.
-    pub(crate) fn refusal<B>(&self, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
+    pub fn refusal<B>(&self, req: &Request<B>) -> Option<Response<Full<Bytes>>> {
         let path = req.uri().path().trim_end_matches('/');
         if req.method() == hyper::Method::GET && self.open.contains(&path) {
             return None;
@@ -130,11 +130,7 @@ impl Callers {
     }
 }
 
-pub(crate) fn reply(
-    status: StatusCode,
-    content_type: &str,
-    body: Vec<u8>,
-) -> Response<Full<Bytes>> {
+pub fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     if let Ok(v) = content_type.parse() {
@@ -143,11 +139,11 @@ pub(crate) fn reply(
     r
 }
 
-pub(crate) fn text(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
+pub fn text(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
     reply(status, "text/plain; charset=utf-8", msg.into_bytes())
 }
 
-pub(crate) fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
+pub fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(v) {
         Ok(body) => reply(StatusCode::OK, "application/json", body),
         Err(e) => text(

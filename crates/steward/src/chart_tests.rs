@@ -838,7 +838,7 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules() {
 }
 
 fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &KubeTools) {
-    use steward_reservations::extender::LeaderLease;
+    use steward_extender::LeaderLease;
 
     // On by default: every controller replica listens on the decide port
     // and advertises its pod IP, taken from the downward API.

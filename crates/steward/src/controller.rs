@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use steward_leader::direct::server::DecideTls;
+use steward_leader::{ControllerConfig, DecideConfig};
 use steward_nodeio::Readiness;
 use steward_nodeio::bounded::TlsFiles;
-use steward_reservations::direct::server::DecideTls;
-use steward_reservations::{ControllerConfig, DecideConfig};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]
@@ -78,7 +78,7 @@ pub struct ControllerArgs {
     decide_allowed_users: Vec<String>,
     /// The audience the extenders' tokens are projected for and reviewed
     /// with.
-    #[arg(long, default_value = steward_reservations::direct::auth::DECIDE_AUDIENCE)]
+    #[arg(long, default_value = steward_leader::direct::auth::DECIDE_AUDIENCE)]
     decide_token_audience: String,
     /// Serve `/v1/decide` over HTTPS with this PEM certificate (chain) and
     /// --decide-tls-key-file: the extenders verify it (their
@@ -207,7 +207,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     cfg.decide = decide;
     cfg.decide_tls = decide_tls;
     cfg.decide_auth = decide_auth.map(|(audience, users)| {
-        use steward_reservations::direct::auth::{ApiServerTokenReview, Authenticator};
+        use steward_leader::direct::auth::{ApiServerTokenReview, Authenticator};
         let reviewer = ApiServerTokenReview::new(client.clone(), &audience);
         Arc::new(Authenticator::new(Arc::new(reviewer), users))
     });
@@ -215,7 +215,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         gone.grace = args.deleted_node_grace;
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    cfg.metrics = steward_reservations::ControllerMetrics::register(&mut registry);
+    cfg.metrics = steward_leader::ControllerMetrics::register(&mut registry);
     if let Some(addr) = args.metrics_address {
         // A standby replica is ready too: readiness says the process runs
         // and reaches nothing it cannot; leading is the Lease's business.
@@ -227,7 +227,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         crate::shutdown_signal().await;
         signal.cancel();
     });
-    steward_reservations::run(client, cfg, stop)
+    steward_leader::run(client, cfg, stop)
         .await
         .context("the reservation controller")
 }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use steward_extender::server::ExtenderTls;
+use steward_extender::{Extender, ExtenderConfig, LeaderLease, server};
 use steward_nodeio::bounded::{ClientAuth, TlsFiles};
 use steward_reservations::direct::transport::DecideTrust;
-use steward_reservations::extender::server::ExtenderTls;
-use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]

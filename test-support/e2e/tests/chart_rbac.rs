@@ -25,9 +25,9 @@ use steward_api::{
     Configuration, ConfigurationSpec, Instance, Reservation, ReservationSpec, SlotClaim,
 };
 use steward_e2e::chart::{NAMESPACE, RELEASE, documents, template};
+use steward_extender::{Extender, ExtenderArgs, ExtenderConfig, LeaderLease};
+use steward_leader::{ControllerConfig, DecideConfig};
 use steward_proto::cri::runtime::v1 as cri;
-use steward_reservations::extender::{Extender, ExtenderArgs, ExtenderConfig, LeaderLease};
-use steward_reservations::{ControllerConfig, DecideConfig};
 use steward_resmgr::{ClusterConfig, Proxy, ProxyConfig};
 use steward_testing_apiserver::dra_alloc::allocate_claim;
 use steward_testing_apiserver::{Access, ApiServer};
@@ -586,7 +586,7 @@ async fn each_component_calls_only_what_the_chart_grants_it() {
         advertise: None,
     });
     let stop_controller = CancellationToken::new();
-    let controller = tokio::spawn(steward_reservations::run(
+    let controller = tokio::spawn(steward_leader::run(
         api.client_as(&user(&controller_sa)).unwrap(),
         ccfg,
         stop_controller.clone(),

@@ -51,7 +51,7 @@
 //! device offline; a prepared DRA claim keeps the hold) takes the
 //! Instance-owned record with it. [`watch_claims`] reports every deletion,
 //! this node's too: the slot ledger writes its own record again when it
-//! still holds the slot (`SlotLedger::cluster_claim_removed`); while the
+//! still holds the slot (`SlotAllocator::cluster_claim_removed`); while the
 //! Instance is absent that write fails and is retried on each tick, so the
 //! record is back once the Instance is.
 
@@ -578,13 +578,13 @@ impl ClaimStore for KubeClaimStore {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimEvent {
     /// A claim was created or changed (feed
-    /// `SlotLedger::cluster_claim_observed`).
+    /// `SlotAllocator::cluster_claim_observed`).
     Applied(Claim),
-    /// A claim disappeared (feed `SlotLedger::cluster_claim_removed`).
+    /// A claim disappeared (feed `SlotAllocator::cluster_claim_removed`).
     Deleted { slot: String, node: String },
     /// The watch (re)started and listed every claim: this is the complete
     /// set, claims not in it are gone (feed
-    /// `SlotLedger::cluster_claims_listed`). The first event of the stream
+    /// `SlotAllocator::cluster_claims_listed`). The first event of the stream
     /// once the API server answers.
     Relisted(Vec<Claim>),
     /// The watch failed; it is retried with backoff and continues with a

@@ -124,7 +124,7 @@ pub(crate) struct Initial {
     pub input: RecoveryInput,
 }
 
-/// Reads everything [`steward_core::slots::SlotLedger::recover`] needs.
+/// Reads everything [`steward_core::slots::SlotAllocator::recover`] needs.
 /// Sources that cannot be read count as empty, except the pods: without
 /// the API server, the holders kubelet still reports are taken as live
 /// (their claims are kept; the pod watch settles them once it lists).

@@ -3,7 +3,7 @@
 //! and NodePrepareResources (DRA) both claim through here and turn the
 //! typed refusal into their own wire answer.
 
-use steward_core::slots::{AllocateError, AllocatePlan, PlanError, SlotLedger};
+use steward_core::slots::{AllocateError, AllocatePlan, PlanError, SlotAllocator};
 
 use super::clock::now;
 use super::{SlotKeeper, State};
@@ -105,7 +105,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         &self,
         st: &mut State,
         what: impl Fn() -> String,
-        mut make: impl FnMut(&mut SlotLedger) -> Result<AllocatePlan, AllocateError>,
+        mut make: impl FnMut(&mut SlotAllocator) -> Result<AllocatePlan, AllocateError>,
     ) -> Result<(), ClaimRefused> {
         let mut retried = false;
         loop {

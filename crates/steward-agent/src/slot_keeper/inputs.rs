@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use steward_core::Millis;
-use steward_core::slots::{Claim, PodInfo, PodResources, RecoveryInput, SlotLedger};
+use steward_core::slots::{Claim, PodInfo, PodResources, RecoveryInput, SlotAllocator};
 
 use super::SlotKeeper;
 use super::State;
@@ -121,7 +121,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     pub async fn recover(&self, input: RecoveryInput) {
         let mut st = self.lock().await;
         let config = st.ledger.config();
-        let (ledger, fx) = SlotLedger::recover(self.node.clone(), config, input);
+        let (ledger, fx) = SlotAllocator::recover(self.node.clone(), config, input);
         tracing::info!(
             claims = ledger.claims().len(),
             effects = fx.len(),

@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use steward_core::slots::{SlotConfig, SlotLedger};
+use steward_core::slots::{SlotAllocator, SlotConfig};
 use tokio::sync::{Mutex, MutexGuard, mpsc, watch};
 
 pub use self::clock::now;
@@ -85,7 +85,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
         let (followup, rx) = mpsc::unbounded_channel();
         let core = Self {
             state: Mutex::new(State {
-                ledger: SlotLedger::new(node.clone(), slots),
+                ledger: SlotAllocator::new(node.clone(), slots),
                 instances: BTreeMap::new(),
                 broker: BTreeMap::new(),
                 channels: BTreeMap::new(),

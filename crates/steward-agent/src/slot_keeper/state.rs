@@ -8,7 +8,7 @@ use std::time::Duration;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use steward_core::Millis;
-use steward_core::slots::{Health, SlotLedger};
+use steward_core::slots::{Health, SlotAllocator};
 use steward_proto::deviceplugin::v1beta1::{Device, HEALTHY, NumaNode, TopologyInfo, UNHEALTHY};
 use tokio::sync::watch;
 
@@ -21,7 +21,7 @@ const SETTLE_MARGIN_MS: u64 = 5;
 
 /// Everything behind the lock.
 pub struct State {
-    pub ledger: SlotLedger,
+    pub ledger: SlotAllocator,
     pub instances: BTreeMap<String, ServedInstance>,
     /// (namespace, configuration) → broker properties.
     pub broker: BTreeMap<(String, String), BTreeMap<String, String>>,

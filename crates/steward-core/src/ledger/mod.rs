@@ -4,7 +4,7 @@
 //! exclusive and shared CPUs, memory per NUMA node — is recorded here. A
 //! device slot is a [`Holding`]: ⟨resource, holder pod UID / namespace /
 //! name / container, since, reservation⟩; the state machines that decide
-//! (for instance [`crate::slots::SlotLedger`]) keep their own richer state
+//! (for instance [`crate::slots::SlotAllocator`]) keep their own richer state
 //! and expose it through [`Holdings`]. What a pod holds of every kind —
 //! slots, CPUs (from the CRI resource manager's policy), memory nodes, DRA
 //! claims — is one [`PodAssignments`] in the [`NodeView`], so readers (a pod

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::ReservationLedger;
+use super::ReservationDecider;
 use super::model::{Change, Misfit};
 
 /// The extended resource a pod asks for exclusive CPUs with (and that a
@@ -55,7 +55,7 @@ pub fn best_numa(
         .ok_or_else(|| free.iter().map(|(k, n)| left(k, n)).max().unwrap_or(0))
 }
 
-impl ReservationLedger {
+impl ReservationDecider {
     /// Exclusive CPUs per NUMA node of `node` held by reservations of pods
     /// other than `uid` that do not hold their CPUs yet.
     fn cpus_held(&self, node: &str, uid: &str) -> BTreeMap<u32, u32> {

@@ -1,4 +1,5 @@
-//! The cluster-wide ledger of slots held by claims and by reservations.
+//! The cluster-wide decider of reservations: the slots held by claims and by
+//! reservations, and the decisions they allow.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +14,7 @@ use crate::Millis;
 /// Every Instance's slots, who holds them (SlotClaims, from the cluster)
 /// and who has them reserved. Pure and deterministic.
 #[derive(Debug, Clone, Default)]
-pub struct ReservationLedger {
+pub struct ReservationDecider {
     instances: BTreeMap<String, InstanceCapacity>,
     /// slot → uid of the pod whose claim holds it.
     claims: BTreeMap<String, String>,
@@ -28,7 +29,7 @@ pub struct ReservationLedger {
     ttl_ms: u64,
 }
 
-impl ReservationLedger {
+impl ReservationDecider {
     pub fn new(ttl_ms: u64) -> Self {
         Self {
             ttl_ms,

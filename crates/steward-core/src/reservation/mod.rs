@@ -3,7 +3,7 @@
 //!
 //! The sharpest case is a shared Instance: seen by three nodes with
 //! capacity 2, each node's kubelet advertises 2 slots, so the scheduler
-//! believes 6 exist. A [`ReservationLedger`] counts the slots of every
+//! believes 6 exist. A [`ReservationDecider`] counts the slots of every
 //! Instance once, cluster-wide: the slots held by SlotClaims (pods running
 //! or admitted) and the slots reserved for pods not yet running.
 //!
@@ -11,7 +11,7 @@
 //! core: no I/O, no clock (time comes in as [`crate::Millis`]).
 //!
 //! Life of a reservation: `Requested` (the scheduler extender asked, with the
-//! candidate nodes its Filter saw) → [`ReservationLedger::decide`] →
+//! candidate nodes its Filter saw) → [`ReservationDecider::decide`] →
 //! `Reserved` (one node chosen, slots held for the pod, and exclusive CPUs
 //! counted against one NUMA node of it when asked for: [`NodeCpus`]) or
 //! `Rejected` (no candidate can hold it, with the reason). A `Reserved`
@@ -22,14 +22,14 @@
 //! runs out. `Rejected` and `Canceled` hold nothing; nothing is ever stuck.
 
 mod cpus;
+mod decider;
 mod index;
-mod ledger;
 mod model;
 #[cfg(test)]
 mod proptests;
 
 pub use cpus::{EXCLUSIVE_CPUS_RESOURCE, NODE_CPUS_ANNOTATION, NodeCpus, best_numa};
-pub use ledger::ReservationLedger;
+pub use decider::ReservationDecider;
 pub use model::{
     Change, InstanceCapacity, Misfit, Phase, PodRef, Reservation, ReservationError, SlotRequest,
     reservation_name, slot_id,

@@ -79,7 +79,7 @@ fn pod(i: usize) -> PodRef {
 /// node has more CPUs reserved than its node says are free, counting only
 /// pods not yet holding theirs.
 fn check(
-    l: &ReservationLedger,
+    l: &ReservationDecider,
     claims: &BTreeMap<String, String>,
     cpus: &BTreeMap<usize, NodeCpus>,
 ) -> Result<(), TestCaseError> {
@@ -161,7 +161,7 @@ proptest! {
 
     #[test]
     fn no_slot_is_ever_held_twice_and_nothing_is_stuck(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut l = ReservationLedger::new(TTL);
+        let mut l = ReservationDecider::new(TTL);
         // The cluster's claims as the nodes made them (mirrors the ledger's).
         let mut claims: BTreeMap<String, String> = BTreeMap::new();
         let mut now = Millis(0);
@@ -279,7 +279,7 @@ proptest! {
 
 #[test]
 fn a_shared_instance_is_counted_once_across_its_nodes() {
-    let mut l = ReservationLedger::new(TTL);
+    let mut l = ReservationDecider::new(TTL);
     let nodes: BTreeSet<String> = NODES.iter().map(|n| n.to_string()).collect();
     l.set_instance("cam", InstanceCapacity { capacity: 2, nodes });
     // Three nodes each advertise 2 slots; only 2 pods can be reserved.
@@ -321,7 +321,7 @@ fn a_shared_instance_is_counted_once_across_its_nodes() {
 
 #[test]
 fn exclusive_cpus_are_counted_per_numa_node_until_the_pod_holds_them() {
-    let mut l = ReservationLedger::new(TTL);
+    let mut l = ReservationDecider::new(TTL);
     let published = |holders: &[usize]| NodeCpus {
         free: BTreeMap::from([(0, 4), (1, 2)]),
         holders: holders.iter().map(|p| PODS[*p].to_owned()).collect(),

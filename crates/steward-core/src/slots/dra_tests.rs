@@ -19,8 +19,8 @@ fn inst(name: &str, capacity: u32, shared: bool) -> InstanceInfo {
 }
 
 /// "cam" (shared, 2 slots), "usb" (unshared, 2 slots); API reachable.
-fn ledger() -> SlotLedger {
-    let mut l = SlotLedger::new(NODE, SlotConfig::default());
+fn ledger() -> SlotAllocator {
+    let mut l = SlotAllocator::new(NODE, SlotConfig::default());
     l.instance_upserted(inst("cam", 2, true));
     l.instance_upserted(inst("usb", 2, false));
     assert!(l.cluster_reachability(true).is_empty());
@@ -41,7 +41,7 @@ fn slots(uid: &str, list: &[&str]) -> Vec<(String, ClaimHold)> {
 }
 
 /// Prepares and commits; returns the plan's writes.
-fn prepared(l: &mut SlotLedger, uid: &str, list: &[&str], at: u64) -> Vec<Claim> {
+fn prepared(l: &mut SlotAllocator, uid: &str, list: &[&str], at: u64) -> Vec<Claim> {
     let plan = l.prepare(&slots(uid, list), Millis(at)).unwrap();
     l.commit(plan.id, Millis(at)).unwrap();
     plan.writes
@@ -118,7 +118,7 @@ fn a_claim_finds_the_slot_it_holds_under_the_device_it_was_allocated() {
     list[0].1.pool = "node-a".into();
     list[0].1.device = "cam-1".into();
     let plan = l.prepare(&list, Millis(10)).unwrap();
-    let held_as = |l: &SlotLedger, uid: &str, pool: &str, device: &str, share: &str| {
+    let held_as = |l: &SlotAllocator, uid: &str, pool: &str, device: &str, share: &str| {
         let mut h = hold(uid);
         h.pool = pool.into();
         h.device = device.into();
@@ -223,7 +223,7 @@ fn recovery_keeps_prepared_slots_whatever_their_pods_do() {
         pods: Vec::new(),
         now: Millis(99_999_999),
     };
-    let (l, fx) = SlotLedger::recover(NODE, SlotConfig::default(), input);
+    let (l, fx) = SlotAllocator::recover(NODE, SlotConfig::default(), input);
     assert!(fx.is_empty(), "{fx:?}");
     assert!(l.is_prepared("usb-0", "c1"));
     assert!(l.is_prepared("cam-0", "c1"));
@@ -242,7 +242,7 @@ fn recovery_drops_a_shared_prepare_the_reachable_cluster_never_got() {
         now: Millis(20),
         ..RecoveryInput::default()
     };
-    let (l, fx) = SlotLedger::recover(NODE, SlotConfig::default(), input);
+    let (l, fx) = SlotAllocator::recover(NODE, SlotConfig::default(), input);
     assert!(l.prepared_for("c1").is_empty());
     assert!(fx.iter().any(
         |e| matches!(e, Effect::DeleteClaim { slot, target: Target::Local, .. } if slot == "cam-0")

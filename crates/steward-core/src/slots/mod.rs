@@ -1,9 +1,9 @@
-//! Device-plugin slot ledger: which slot of which Instance this
+//! Device-plugin slot allocator: which slot of which Instance this
 //! node holds, for which pod, and what kubelet may be told.
 //!
 //! Each Instance is served as one device plugin with `capacity` devices, the
 //! slots `<instance>-<n>`. kubelet's Allocate names device IDs only (no pod)
-//! and there is no Deallocate, so [`SlotLedger`] infers the slot↔pod map
+//! and there is no Deallocate, so [`SlotAllocator`] infers the slot↔pod map
 //! ⟨slot, pod UID, since⟩ from kubelet pod resources and the pod watch, and
 //! reclaims on the pod's own events. It is a pure state machine: the agent
 //! feeds it inputs (with the time as [`Millis`](crate::Millis)), carries out
@@ -14,35 +14,35 @@
 //! Two stores hold a node's claims: its local durable ledger and the cluster
 //! (a record per slot with the claiming node, optimistic concurrency).
 //!
-//! * **Allocate** — [`SlotLedger::allocate`] returns an [`AllocatePlan`]
+//! * **Allocate** — [`SlotAllocator::allocate`] returns an [`AllocatePlan`]
 //!   (or an [`AllocateError`], nothing changed). The adapter writes every
 //!   claim of the plan to the local ledger, then, for [`Target::Both`], to
 //!   the cluster as *create, or replace a record of this node* (never a
 //!   record of another node). Then exactly one of:
-//!   [`SlotLedger::commit`] → answer Allocate OK;
-//!   [`SlotLedger::claim_conflict`] (another node holds a slot) or
-//!   [`SlotLedger::abort`] (any other failure) → answer with an error and
+//!   [`SlotAllocator::commit`] → answer Allocate OK;
+//!   [`SlotAllocator::claim_conflict`] (another node holds a slot) or
+//!   [`SlotAllocator::abort`] (any other failure) → answer with an error and
 //!   carry out the returned effects (they undo the plan). **Allocate is
 //!   never answered OK before `commit` returned `Ok`**, and `commit` is
 //!   given the time of the answer. A plan still
 //!   outstanding after `pending_timeout_ms` is rolled back on
-//!   [`SlotLedger::tick`]; its `commit` then fails.
+//!   [`SlotAllocator::tick`]; its `commit` then fails.
 //! * Right after answering OK the adapter queries kubelet pod resources
-//!   (`List` or `Get`) and feeds [`SlotLedger::podresources_listed`] /
-//!   [`SlotLedger::podresources_got`]: this binds the slots to the pod.
+//!   (`List` or `Get`) and feeds [`SlotAllocator::podresources_listed`] /
+//!   [`SlotAllocator::podresources_got`]: this binds the slots to the pod.
 //!   While claims await attribution it keeps listing (backing off), and
-//!   lists at [`SlotLedger::next_settle`] so that a pending claim whose pod
+//!   lists at [`SlotAllocator::next_settle`] so that a pending claim whose pod
 //!   is already gone is released promptly (settle rule below).
 //! * **Other effects** — [`Effect::WriteClaim`] and [`Effect::DeleteClaim`]
 //!   are carried out in order, per slot in the order given; deletes are
 //!   conditional on the epoch so a late delete never removes a newer claim.
-//!   When the cluster part fails, call [`SlotLedger::cluster_write_failed`];
+//!   When the cluster part fails, call [`SlotAllocator::cluster_write_failed`];
 //!   it is retried on the next tick or reconnect.
 //! * **API server back** — list the cluster's claims and feed
-//!   [`SlotLedger::cluster_claims_listed`], then
-//!   [`SlotLedger::cluster_reachability`]`(true)`: queued writes come out as
+//!   [`SlotAllocator::cluster_claims_listed`], then
+//!   [`SlotAllocator::cluster_reachability`]`(true)`: queued writes come out as
 //!   [`Target::Cluster`] effects, with epochs above any record listed.
-//! * [`Effect::HealthChanged`] — send [`SlotLedger::health`] of that
+//! * [`Effect::HealthChanged`] — send [`SlotAllocator::health`] of that
 //!   Instance on its ListAndWatch stream.
 //!
 //! # Health
@@ -119,10 +119,10 @@
 //! # DRA ResourceClaims
 //!
 //! A slot is also a DRA device ([`crate::dra::device_name`]).
-//! [`SlotLedger::prepare`] claims slots for a ResourceClaim (kubelet's
+//! [`SlotAllocator::prepare`] claims slots for a ResourceClaim (kubelet's
 //! NodePrepareResources) under the same plan/commit protocol as Allocate
 //! and the same records, the hold naming the claim instead of a pod;
-//! [`SlotLedger::unprepare`] frees exactly those slots. A slot held on
+//! [`SlotAllocator::unprepare`] frees exactly those slots. A slot held on
 //! either path is refused on the other, and a prepared slot reports
 //! Unhealthy to the device plugins so kubelet's device manager never picks
 //! it. Pod rules (events, pod resources, settle, timeouts) never touch a
@@ -131,7 +131,7 @@
 //!
 //! # Restart
 //!
-//! [`SlotLedger::recover`] rebuilds the ledger from the local ledger, the
+//! [`SlotAllocator::recover`] rebuilds the ledger from the local ledger, the
 //! cluster's claims, pod resources and the pods listed now; see there.
 
 mod model;
@@ -144,7 +144,7 @@ pub use model::{
     parse_slot_id, slot_id,
 };
 pub use recover::RecoveryInput;
-pub use state::SlotLedger;
+pub use state::SlotAllocator;
 
 #[cfg(test)]
 mod dra_tests;

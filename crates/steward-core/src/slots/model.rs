@@ -243,7 +243,7 @@ pub enum Effect {
         target: Target,
     },
     /// The health of the Instance's slots changed: send
-    /// [`SlotLedger::health`](super::SlotLedger::health) on ListAndWatch.
+    /// [`SlotAllocator::health`](super::SlotAllocator::health) on ListAndWatch.
     HealthChanged { instance: String },
 }
 

@@ -160,7 +160,7 @@ enum ClusterEvent {
 
 struct Sim {
     now: u64,
-    ledger: SlotLedger,
+    ledger: SlotAllocator,
     instances: Vec<InstanceInfo>,
     local: BTreeMap<String, Claim>,
     cluster: BTreeMap<String, Claim>,
@@ -193,7 +193,7 @@ impl Sim {
             cluster: Some(Vec::new()),
             ..RecoveryInput::default()
         };
-        let (ledger, effects) = SlotLedger::recover(NODE, config(), input);
+        let (ledger, effects) = SlotAllocator::recover(NODE, config(), input);
         assert!(effects.is_empty());
         Sim {
             now: 0,
@@ -770,7 +770,7 @@ impl Sim {
                 .collect(),
             now: Millis(self.now),
         };
-        let (ledger, effects) = SlotLedger::recover(NODE, config(), input);
+        let (ledger, effects) = SlotAllocator::recover(NODE, config(), input);
         self.trace.push("restart".to_owned());
         self.ledger = ledger;
         self.watch.clear();
@@ -1077,17 +1077,17 @@ fn noise_resources(pod: usize, slot: &str) -> PodResources {
     }
 }
 
-fn base_ledger() -> SlotLedger {
+fn base_ledger() -> SlotAllocator {
     let input = RecoveryInput {
         instances: instances(),
         cluster: Some(Vec::new()),
         ..RecoveryInput::default()
     };
-    SlotLedger::recover(NODE, config(), input).0
+    SlotAllocator::recover(NODE, config(), input).0
 }
 
 /// P allocates and is bound at `at`.
-fn p_history(l: &mut SlotLedger, at: u64) {
+fn p_history(l: &mut SlotAllocator, at: u64) {
     let plan = l
         .allocate(&P_SLOTS.map(str::to_owned), Millis(at))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -1104,7 +1104,7 @@ fn p_history(l: &mut SlotLedger, at: u64) {
     l.podresources_got(&p_resources(), Millis(at));
 }
 
-fn apply_noise(l: &mut SlotLedger, n: &Noise, now: &mut u64) {
+fn apply_noise(l: &mut SlotAllocator, n: &Noise, now: &mut u64) {
     match *n {
         Noise::Allocate { slot, finish } => {
             if let Ok(plan) = l.allocate(&[NOISE_SLOTS[slot].to_owned()], Millis(*now)) {

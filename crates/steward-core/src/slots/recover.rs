@@ -9,7 +9,7 @@ use crate::Millis;
 use super::model::{
     Claim, Effect, InstanceInfo, PodInfo, PodResources, SlotConfig, Target, parse_slot_id,
 };
-use super::state::{LocalClaim, PodRecord, SlotLedger};
+use super::state::{LocalClaim, PodRecord, SlotAllocator};
 
 /// Everything the agent reads at start, before serving any device plugin.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ fn newest<'a>(claims: impl Iterator<Item = &'a Claim>) -> BTreeMap<String, Claim
     by_slot
 }
 
-impl SlotLedger {
+impl SlotAllocator {
     /// Rebuilds the ledger of `node` from its local ledger, the cluster's
     /// claims, kubelet's pod resources and the live pods, and returns the
     /// writes that bring both stores in line with it.
@@ -79,13 +79,13 @@ impl SlotLedger {
     /// in the stores that have it. With the cluster unreachable every slot
     /// that has or had a claim is queued for the cluster and written on
     /// reconnect; its others-view starts empty. After recovery, send
-    /// [`SlotLedger::health`] of every Instance on ListAndWatch.
+    /// [`SlotAllocator::health`] of every Instance on ListAndWatch.
     pub fn recover(
         node: impl Into<String>,
         config: SlotConfig,
         input: RecoveryInput,
     ) -> (Self, Vec<Effect>) {
-        let mut ledger = SlotLedger::new(node, config);
+        let mut ledger = SlotAllocator::new(node, config);
         let now = input.now;
         for info in input.instances {
             ledger.instances.insert(info.name.clone(), info);

@@ -29,8 +29,8 @@ fn config() -> SlotConfig {
 
 /// "cam" (shared, 2 slots), "usb" (unshared, 2 slots), "last" (shared, 1
 /// slot); API server reachable.
-fn ledger() -> SlotLedger {
-    let mut l = SlotLedger::new(NODE, config());
+fn ledger() -> SlotAllocator {
+    let mut l = SlotAllocator::new(NODE, config());
     for i in [
         inst("cam", 2, true),
         inst("usb", 2, false),
@@ -89,14 +89,14 @@ fn pr(name: &str, containers: &[(&str, &[&str])]) -> PodResources {
     }
 }
 
-fn allocate_ok(l: &mut SlotLedger, slots: &[&str], at: u64) -> AllocatePlan {
+fn allocate_ok(l: &mut SlotAllocator, slots: &[&str], at: u64) -> AllocatePlan {
     let plan = l.allocate(&ids(slots), Millis(at)).unwrap();
     l.commit(plan.id, Millis(at)).unwrap();
     plan
 }
 
 /// Allocate, pod running, pod resources: `slots` held by `uid`/`name`.
-fn bind(l: &mut SlotLedger, uid: &str, name: &str, slots: &[&str], at: u64) {
+fn bind(l: &mut SlotAllocator, uid: &str, name: &str, slots: &[&str], at: u64) {
     allocate_ok(l, slots, at);
     l.pod_observed(&pod(uid, name, PodPhase::Running));
     l.podresources_got(&pr(name, &[("main", slots)]), Millis(at + 1));
@@ -105,7 +105,7 @@ fn bind(l: &mut SlotLedger, uid: &str, name: &str, slots: &[&str], at: u64) {
     }
 }
 
-fn holder_uid(l: &SlotLedger, slot: &str) -> Option<String> {
+fn holder_uid(l: &SlotAllocator, slot: &str) -> Option<String> {
     l.claim(slot)
         .and_then(|c| c.holding.holder)
         .map(|h| h.pod.uid)
@@ -129,7 +129,7 @@ fn deletes(effects: &[Effect]) -> Vec<(String, Target)> {
         .collect()
 }
 
-fn health(l: &SlotLedger, slot: &str) -> Health {
+fn health(l: &SlotAllocator, slot: &str) -> Health {
     l.health_of(slot).unwrap()
 }
 
@@ -356,7 +356,7 @@ fn reclaim_does_not_wait_for_other_pods_that_are_not_ready() {
 #[test]
 fn pending_claim_is_released_after_the_configured_timeout() {
     for timeout in [TIMEOUT, 5 * TIMEOUT] {
-        let mut l = SlotLedger::new(
+        let mut l = SlotAllocator::new(
             NODE,
             SlotConfig {
                 pending_timeout_ms: timeout,
@@ -847,7 +847,7 @@ fn recover_keeps_slots_of_running_pods_with_no_writes_when_stores_agree() {
     inp.local = vec![held_claim("cam-0", "uid-a", "a", 4)];
     inp.cluster = Some(vec![held_claim("cam-0", "uid-a", "a", 4)]);
     inp.pods = vec![pod("uid-a", "a", PodPhase::Running)];
-    let (l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert!(effects.is_empty(), "{effects:?}");
     assert_eq!(holder_uid(&l, "cam-0").as_deref(), Some("uid-a"));
     assert!(l.cluster_reachable());
@@ -870,7 +870,7 @@ fn recover_frees_slots_of_pods_gone_meanwhile() {
         pod("uid-done", "done", PodPhase::Succeeded),
         pod("uid-a", "a", PodPhase::Running),
     ];
-    let (l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(
         deletes(&effects),
         vec![
@@ -895,7 +895,7 @@ fn recover_from_cluster_claims_when_the_local_ledger_is_lost() {
         },
     ]);
     inp.pods = vec![pod("uid-a", "a", PodPhase::Running)];
-    let (l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(holder_uid(&l, "cam-1").as_deref(), Some("uid-a"));
     assert!(matches!(
         &effects[..],
@@ -916,7 +916,7 @@ fn recover_from_podresources_alone_adopts_running_pods() {
         pr("a", &[("main", &["usb-1"])]),
         pr("b", &[("main", &["usb-0"])]),
     ];
-    let (l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(l.slots_of("uid-a"), ids(&["usb-1"]));
     assert!(l.claim("usb-0").is_none(), "terminated pods are not bound");
     assert!(matches!(
@@ -931,7 +931,7 @@ fn recover_drops_an_unanswered_shared_claim_after_kill_between_writes() {
     // never answered.
     let mut inp = input();
     inp.local = vec![pending_claim("cam-0", 3, 500)];
-    let (l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert!(l.claims().is_empty());
     assert_eq!(deletes(&effects), vec![("cam-0".to_owned(), Target::Local)]);
 }
@@ -942,7 +942,7 @@ fn recover_keeps_pending_claims_for_a_fresh_window_then_expires_them() {
     let now = inp.now;
     inp.local = vec![pending_claim("usb-0", 3, 500)];
     inp.cluster = Some(vec![pending_claim("cam-0", 2, 400)]);
-    let (mut l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (mut l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(l.claims().len(), 2);
     assert!(l.claims().iter().all(|c| c.awaiting == Some(now)));
     assert_eq!(effects.len(), 2, "{effects:?}");
@@ -961,11 +961,11 @@ fn recover_keeps_a_reallocated_slot_of_a_gone_pod_pending_akri_849() {
     inp.local = vec![reallocated.clone()];
     inp.cluster = Some(vec![reallocated]);
     inp.pods = vec![pod("uid-b", "b", PodPhase::Running)];
-    let (l, _) = SlotLedger::recover(NODE, config(), inp.clone());
+    let (l, _) = SlotAllocator::recover(NODE, config(), inp.clone());
     assert_eq!(holder_uid(&l, "last-0"), None);
     assert!(l.claim("last-0").is_some(), "kept pending, not freed");
     inp.podresources = vec![pr("b", &[("main", &["last-0"])])];
-    let (l, _) = SlotLedger::recover(NODE, config(), inp);
+    let (l, _) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(holder_uid(&l, "last-0").as_deref(), Some("uid-b"));
 }
 
@@ -978,7 +978,7 @@ fn recover_with_cluster_unreachable_trusts_the_local_ledger_and_syncs_later() {
         held_claim("usb-0", "uid-gone", "gone", 5),
     ];
     inp.pods = vec![pod("uid-a", "a", PodPhase::Running)];
-    let (mut l, effects) = SlotLedger::recover(NODE, config(), inp);
+    let (mut l, effects) = SlotAllocator::recover(NODE, config(), inp);
     assert!(!l.cluster_reachable());
     assert_eq!(deletes(&effects), vec![("usb-0".to_owned(), Target::Local)]);
     assert_eq!(holder_uid(&l, "cam-0").as_deref(), Some("uid-a"));
@@ -1000,7 +1000,7 @@ fn recover_keeps_awaiting_of_a_reallocated_slot_whose_old_holder_still_runs() {
     inp.local = vec![reallocated.clone()];
     inp.cluster = Some(vec![reallocated]);
     inp.pods = vec![pod("uid-a", "a", PodPhase::Running)];
-    let (mut l, _) = SlotLedger::recover(NODE, config(), inp);
+    let (mut l, _) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(l.claim("last-0").unwrap().awaiting, Some(now));
     // A ends: the slot may be B's, so it is not freed.
     let effects = l.pod_observed(&deleted("uid-a", "a"));
@@ -1015,7 +1015,7 @@ fn recover_offline_shared_claim_is_not_reallocated_until_the_cluster_confirms_it
     inp.cluster = None;
     inp.local = vec![held_claim("cam-0", "uid-a", "a", 4)];
     inp.pods = vec![pod("uid-a", "a", PodPhase::Running)];
-    let (mut l, _) = SlotLedger::recover(NODE, config(), inp);
+    let (mut l, _) = SlotAllocator::recover(NODE, config(), inp);
     assert!(matches!(
         l.allocate(&ids(&["cam-0"]), Millis(1_000_001)),
         Err(AllocateError::ClusterUnreachable { .. })
@@ -1159,7 +1159,7 @@ fn recovered_pending_claim_settles_from_the_recovery_time() {
     let mut inp = input();
     let now = inp.now;
     inp.local = vec![pending_claim("usb-0", 3, 500)];
-    let (mut l, _) = SlotLedger::recover(NODE, config(), inp);
+    let (mut l, _) = SlotAllocator::recover(NODE, config(), inp);
     assert_eq!(l.next_settle(now), Some(Millis(now.0 + SETTLE)));
     assert!(
         l.podresources_listed(&[], Millis(now.0 + SETTLE - 1))
@@ -1174,7 +1174,7 @@ fn recovered_pending_claim_settles_from_the_recovery_time() {
 
 #[test]
 fn a_slot_reserved_for_another_node_is_unhealthy_and_refused_here() {
-    let mut l = SlotLedger::new("n1", SlotConfig::default());
+    let mut l = SlotAllocator::new("n1", SlotConfig::default());
     l.cluster_reachability(true);
     l.instance_upserted(inst("cam", 2, true));
     let reserved: BTreeMap<String, String> = [

@@ -14,8 +14,8 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use steward_api::{Instance, InstanceSpec};
-use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
-use steward_reservations::{ControllerConfig, DecideConfig, run};
+use steward_extender::{Extender, ExtenderConfig, LeaderLease, server};
+use steward_leader::{ControllerConfig, DecideConfig, run};
 use steward_testing_apiserver::ApiServer;
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,7 @@ pub struct Stand {
     pub addr: SocketAddr,
     pub extender: Arc<Extender>,
     /// The controller's metrics.
-    pub metrics: steward_reservations::ControllerMetrics,
+    pub metrics: steward_leader::ControllerMetrics,
     pub stop: CancellationToken,
 }
 

@@ -10,11 +10,11 @@ use steward_core::Millis;
 use steward_core::reservation::{Phase, reservation_name};
 use steward_kube::{Change as Watch, ObjectKey};
 
-use super::{LedgerPicture, Write};
+use super::{ClusterPicture, Write};
 
 impl Write {
     /// Whether this write creates its object: a Reservation proposed by
-    /// [`LedgerPicture::propose`], written with its decision in one create
+    /// [`ClusterPicture::propose`], written with its decision in one create
     /// (through the version without the status subresource). Every other
     /// write replaces the status of an object as read.
     pub fn creates(&self) -> bool {
@@ -27,7 +27,7 @@ fn is_proposed(r: &Reservation) -> bool {
     r.metadata.uid.is_none()
 }
 
-impl LedgerPicture {
+impl ClusterPicture {
     /// Whether `spec`'s ask can be decided here: the picture is ready and
     /// kept, nothing is held or asked for the pod yet, and the pod is
     /// pending and unbound (`unseen`: or not seen yet).
@@ -36,7 +36,7 @@ impl LedgerPicture {
         self.ready()
             && !self.stale
             && !self.by_uid.contains_key(uid)
-            && self.ledger.reservation(uid).is_none()
+            && self.decider.reservation(uid).is_none()
             && self
                 .pods
                 .get(uid)
@@ -49,7 +49,7 @@ impl LedgerPicture {
     }
 
     /// What deciding `spec` now would say when that is a rejection, tried
-    /// on the kept ledger and forgotten: a rejection holds nothing, so it
+    /// on the kept decider and forgotten: a rejection holds nothing, so it
     /// can be answered without being written. `None`: it would be
     /// reserved, or it cannot be tried here (the picture is not ready, the
     /// pod is not seen, ended or bound, or already has a Reservation).
@@ -58,7 +58,7 @@ impl LedgerPicture {
             return None;
         }
         let uid = spec.pod.uid.as_str();
-        let asked = self.ledger.request_with_cpus(
+        let asked = self.decider.request_with_cpus(
             spec.pod_ref(),
             spec.slots.clone(),
             spec.exclusive_cpus,
@@ -66,15 +66,15 @@ impl LedgerPicture {
             now,
         );
         let status = if asked.is_ok() {
-            let _ = self.ledger.decide(uid, now);
-            self.ledger
+            let _ = self.decider.decide(uid, now);
+            self.decider
                 .reservation(uid)
                 .filter(|r| r.phase == Phase::Rejected)
                 .map(|r| ReservationStatus::from_core(r, Some(1)))
         } else {
             None
         };
-        let _ = self.ledger.forget(uid);
+        let _ = self.decider.forget(uid);
         status
     }
 
@@ -84,14 +84,14 @@ impl LedgerPicture {
     /// the ask and its decision cost one write. The slots it is given are
     /// held from then on: no other decision can take them while its create
     /// is in flight. Whether it was taken (see
-    /// [`LedgerPicture::rejection`] for when an ask cannot be decided
+    /// [`ClusterPicture::rejection`] for when an ask cannot be decided
     /// here; nor can one whose object the picture shows).
     ///
     /// A proposal whose pod is not seen yet is decided (and written) in the
     /// reconcile after its pod's first event, as any fresh ask waits for
     /// its pod. A proposal whose create did not land (or was not sent: a
     /// relist came first, or its pod never came) must be
-    /// [`LedgerPicture::retract`]ed.
+    /// [`ClusterPicture::retract`]ed.
     pub fn propose(&mut self, spec: &ReservationSpec) -> bool {
         let ns = &spec.pod.namespace;
         let name = reservation_name(ns, &spec.pod.name);

@@ -1,4 +1,4 @@
-//! The kept ledger against the ledger rebuilt from every object.
+//! The kept decider against the decider rebuilt from every object.
 //!
 //! Random watch changes (Instances, Nodes with and without CPUs, pods
 //! coming, binding, failing and going, Reservations asked, unreserved and
@@ -6,8 +6,8 @@
 //! at each reconcile its writes are applied back as the decision loop
 //! does. Then:
 //! * the picture settles (a reconcile after the writes writes nothing);
-//! * a ledger rebuilt from every object would write nothing either
-//!   ([`LedgerPicture::audit`]): the kept ledger decided what a rebuild
+//! * a decider rebuilt from every object would write nothing either
+//!   ([`ClusterPicture::audit`]): the kept decider decided what a rebuild
 //!   decides;
 //! * no slot is Reserved twice, and no Reserved slot is claimed by another
 //!   pod.
@@ -16,7 +16,7 @@
 //! [`Op::Deliver`], while the picture's own writes (decisions, and asks it
 //! writes for the direct path) are applied when their result comes, as
 //! the decision loop applies them: the expectations must keep the lagging
-//! events from moving the ledger back. Decisions are also made with
+//! events from moving the decider back. Decisions are also made with
 //! events still queued ([`Op::Decide`]); writes are conditional on the
 //! resourceVersion decided from, as the API server makes them. New pods'
 //! asks are also proposed and created with their decision in one write
@@ -38,7 +38,7 @@ use steward_core::Millis;
 use steward_core::reservation::{NODE_CPUS_ANNOTATION, NodeCpus};
 use steward_kube::Change as Watch;
 
-use super::LedgerPicture;
+use super::ClusterPicture;
 
 const NS: &str = "default";
 const NODES: [&str; 3] = ["n0", "n1", "n2"];
@@ -70,8 +70,8 @@ enum Op {
     Deliver(u8),
     /// The loop decides with events still queued.
     Decide(u64),
-    /// A new ask of pod `p` tried on the kept ledger for a rejection
-    /// answered without a write (it must leave the ledger as it was).
+    /// A new ask of pod `p` tried on the kept decider for a rejection
+    /// answered without a write (it must leave the decider as it was).
     Trial(usize, usize, u32, u32, u8),
     /// A new ask of pod `p` proposed, decided at once and created with its
     /// decision (the batch's reconcile); retracted when its create fails.
@@ -147,7 +147,7 @@ struct Cluster {
 
 impl Cluster {
     /// Delivers `n` lagging events or ask results.
-    fn deliver(&mut self, pic: &mut LedgerPicture, n: u8, now: Millis) {
+    fn deliver(&mut self, pic: &mut ClusterPicture, n: u8, now: Millis) {
         for k in 0..n {
             let result_first = n % 2 == 1 || k % 2 == 1;
             if result_first && let Some((r, relists)) = self.results.pop_front() {
@@ -161,7 +161,7 @@ impl Cluster {
     }
 
     /// Everything queued arrives.
-    fn deliver_all(&mut self, pic: &mut LedgerPicture, now: Millis) {
+    fn deliver_all(&mut self, pic: &mut ClusterPicture, now: Millis) {
         while !self.lag.is_empty() || !self.results.is_empty() {
             self.deliver(pic, 1, now);
         }
@@ -228,7 +228,7 @@ fn ask(p: usize, i: usize, n: u32, cpus: u32, m: u8) -> ReservationSpec {
 
 /// Applies `op` to the cluster and tells the picture what its watches
 /// would; how many writes a proposal's batch made.
-fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op, now: Millis) -> usize {
+fn apply(c: &mut Cluster, pic: &mut ClusterPicture, op: Op, now: Millis) -> usize {
     match op {
         Op::Instance(i, capacity, m) => {
             let spec = InstanceSpec {
@@ -368,14 +368,14 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op, now: Millis) -> usize
         },
         Op::Trial(p, i, n, cpus, m) => {
             let spec = ask(p, i, n, cpus, m);
-            let before = pic.ledger.reservations().cloned().collect::<Vec<_>>();
+            let before = pic.decider.reservations().cloned().collect::<Vec<_>>();
             if let Some(status) = pic.rejection(&spec, Millis(1_000_000)) {
                 assert_eq!(status.phase, "Rejected");
                 assert!(status.slots.is_empty() && status.node.is_none());
             }
-            // Tried and forgotten: the kept ledger is as it was.
-            let after = pic.ledger.reservations().cloned().collect::<Vec<_>>();
-            assert_eq!(before, after, "a trial changed the kept ledger");
+            // Tried and forgotten: the kept decider is as it was.
+            let after = pic.decider.reservations().cloned().collect::<Vec<_>>();
+            assert_eq!(before, after, "a trial changed the kept decider");
         }
         Op::Propose(p, i, n, cpus, m) => {
             let spec = ask(p, i, n, cpus, m);
@@ -400,7 +400,7 @@ fn apply(c: &mut Cluster, pic: &mut LedgerPicture, op: Op, now: Millis) -> usize
 /// One reconcile with its writes applied back as the API server and the
 /// decision loop would (conditional on the resourceVersion decided from;
 /// the result applied at once, its watch event queued); how many it wrote.
-fn reconcile(c: &mut Cluster, pic: &mut LedgerPicture, now: Millis) -> usize {
+fn reconcile(c: &mut Cluster, pic: &mut ClusterPicture, now: Millis) -> usize {
     let writes = pic.reconcile(TTL, now);
     let n = writes.len();
     for w in writes {
@@ -483,7 +483,7 @@ proptest! {
     #[test]
     fn the_kept_ledger_decides_what_a_rebuild_decides(ops in proptest::collection::vec(op(), 1..80)) {
         let mut c = Cluster::default();
-        let mut pic = LedgerPicture::default();
+        let mut pic = ClusterPicture::default();
         for (n, name) in NODES.iter().enumerate() {
             let o = c.node(n, None);
             c.nodes.insert((*name).into(), o);
@@ -547,7 +547,7 @@ fn a_decision_whose_pod_is_gone_is_canceled_in_one_write() {
         "status": {"phase": "Reserved"},
     }))
     .unwrap();
-    let mut world = LedgerPicture::default();
+    let mut world = ClusterPicture::default();
     world.instances(Watch::Relisted(Vec::new()));
     world.slot_claims(Watch::Relisted(Vec::new()));
     world.pods(Watch::Relisted(Vec::new()));

@@ -1,39 +1,39 @@
-//! The ledger rebuilt from every object, and what each Reservation's
+//! The decider rebuilt from every object, and what each Reservation's
 //! status should be: the controller's start, its answer to a relist, and
-//! the audit that checks the incremental ledger against it.
+//! the audit that checks the incremental decider against it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 use steward_api::{Reservation, ReservationStatus};
 use steward_core::Millis;
-use steward_core::reservation::{self as core, Change, Phase, ReservationLedger};
+use steward_core::reservation::{self as core, Change, Phase, ReservationDecider};
 
-use super::{LedgerPicture, Write};
+use super::{ClusterPicture, Write};
 
-/// A ledger and the pods whose reservations it found consumed.
+/// A decider and the pods whose reservations it found consumed.
 pub(super) struct Rebuilt {
-    pub(super) ledger: ReservationLedger,
+    pub(super) decider: ReservationDecider,
     pub(super) consumed: BTreeSet<String>,
 }
 
-impl LedgerPicture {
-    /// The ledger from scratch: every Instance, Node, persisted decision
+impl ClusterPicture {
+    /// The decider from scratch: every Instance, Node, persisted decision
     /// and claim, then every Reservation decided as the incremental path
     /// would; and the writes that brings. O(everything): used when the
-    /// ledger cannot be kept (start, relist) and for the audit.
+    /// decider cannot be kept (start, relist) and for the audit.
     pub(super) fn rebuild(&self, ttl_ms: u64, now: Millis) -> (Rebuilt, Vec<Write>) {
-        let mut ledger = ReservationLedger::new(ttl_ms);
+        let mut decider = ReservationDecider::new(ttl_ms);
         for (name, cap) in self.instances.iter() {
-            ledger.set_instance(name, self.seen_capacity(cap));
+            decider.set_instance(name, self.seen_capacity(cap));
         }
         for (node, cpus) in self.nodes.iter() {
             if let Some(cpus) = cpus {
-                ledger.set_node_cpus(node, Some(cpus.clone()));
+                decider.set_node_cpus(node, Some(cpus.clone()));
             }
         }
         // What earlier decisions persisted. A reservation its pod's claims
-        // already cover is consumed, not restored: the kept ledger let its
+        // already cover is consumed, not restored: the kept decider let its
         // slots go when it was consumed, and when the pod's claims hold
         // other slots than the ones reserved, another pod may hold those now.
         let mut consumed = BTreeSet::new();
@@ -45,7 +45,7 @@ impl LedgerPicture {
                     consumed.insert(rec.pod.uid.clone());
                     continue;
                 }
-                ledger.restore(rec);
+                decider.restore(rec);
             }
         }
         // Reality: claims win over reservations of other pods.
@@ -57,9 +57,9 @@ impl LedgerPicture {
             .map(|(slot, uid)| (slot.as_str(), uid.as_str()))
             .collect();
         for (slot, uid) in held {
-            changes.extend(ledger.claim_observed(slot, uid));
+            changes.extend(decider.claim_observed(slot, uid));
         }
-        changes.extend(ledger.settle());
+        changes.extend(decider.settle());
         for c in changes {
             if let Change::Consumed { uid } = c {
                 consumed.insert(uid);
@@ -71,27 +71,27 @@ impl LedgerPicture {
             .map(|r| r.spec.pod.uid.as_str())
             .collect();
         for uid in uids {
-            self.decide_into(&mut ledger, &consumed, uid, now);
+            self.decide_into(&mut decider, &consumed, uid, now);
         }
-        ledger.expire(now);
+        decider.expire(now);
         let writes = self
             .reservations
             .values()
             .filter_map(|r| {
                 let lives = self.pod_lives(&r.spec.pod.uid);
-                write_for(r, &ledger, &consumed, now, lives)
+                write_for(r, &decider, &consumed, now, lives)
             })
             .collect();
-        (Rebuilt { ledger, consumed }, writes)
+        (Rebuilt { decider, consumed }, writes)
     }
 
-    /// What the ledger says of pod `uid`'s Reservation once it is looked
+    /// What the decider says of pod `uid`'s Reservation once it is looked
     /// at: canceled when its pod is gone or ended or the scheduler
     /// unreserved, requested and decided when its spec is not answered
     /// yet, and checked against the node its pod was bound to.
     pub(super) fn decide_into(
         &self,
-        ledger: &mut ReservationLedger,
+        decider: &mut ReservationDecider,
         consumed: &BTreeSet<String>,
         uid: &str,
         now: Millis,
@@ -115,33 +115,33 @@ impl LedgerPicture {
             // if the pod never comes. Anything once decided was decided for
             // a pod seen then: that pod is gone, and what it held released.
             if r.status.is_some() {
-                ledger.cancel(uid, "the pod is gone");
+                decider.cancel(uid, "the pod is gone");
             }
             return;
         };
         if let Some(why) = &pod.ended {
-            ledger.cancel(uid, why);
+            decider.cancel(uid, why);
             return;
         }
         if let Some(reason) = &r.spec.cancel {
-            ledger.cancel(uid, &format!("unreserved: {reason}"));
+            decider.cancel(uid, &format!("unreserved: {reason}"));
             return;
         }
         if !answered {
-            let asked = ledger.request_with_cpus(
+            let asked = decider.request_with_cpus(
                 r.spec.pod_ref(),
                 r.spec.slots.clone(),
                 r.spec.exclusive_cpus,
                 r.spec.candidates.clone(),
                 now,
             );
-            if asked.is_err() && ledger.reservation(uid).is_none() {
+            if asked.is_err() && decider.reservation(uid).is_none() {
                 return;
             }
         }
-        let _ = ledger.decide(uid, now);
+        let _ = decider.decide(uid, now);
         if let Some(node) = &pod.node {
-            ledger.bound(uid, node);
+            decider.bound(uid, node);
         }
     }
 
@@ -162,7 +162,7 @@ impl LedgerPicture {
     }
 
     /// Whether a recorded reservation is used up, as
-    /// `ReservationLedger`'s consumption counts it: Reserved, every slot
+    /// `ReservationDecider`'s consumption counts it: Reserved, every slot
     /// asked for held by the pod's own claims, and its exclusive CPUs (if
     /// any) held by the pod on its node.
     fn covered(
@@ -212,10 +212,10 @@ impl LedgerPicture {
     }
 }
 
-/// The status write `r` needs, if any, given what the ledger says.
+/// The status write `r` needs, if any, given what the decider says.
 pub(super) fn write_for(
     r: &Reservation,
-    ledger: &ReservationLedger,
+    decider: &ReservationDecider,
     consumed: &BTreeSet<String>,
     now: Millis,
     pod_lives: bool,
@@ -229,7 +229,7 @@ pub(super) fn write_for(
             s.observed_generation = generation;
             s
         })
-    } else if let Some(l) = ledger.reservation(uid) {
+    } else if let Some(l) = decider.reservation(uid) {
         Some(ReservationStatus::from_core(l, generation))
     } else {
         invalid(r, generation)
@@ -264,7 +264,7 @@ pub(super) fn write_for(
     })
 }
 
-/// The status of a Reservation the ledger refused (no slot asked, no
+/// The status of a Reservation the decider refused (no slot asked, no
 /// candidate): Rejected with the reason, so it is not left Requested.
 fn invalid(r: &Reservation, generation: Option<i64>) -> Option<ReservationStatus> {
     let reason = if r.spec.slots.values().all(|n| *n == 0) && r.spec.exclusive_cpus == 0 {

@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::now;
-use crate::ask::{self, Current, Target, Written};
+use crate::cluster_picture::{ClusterPicture, Write};
 use crate::direct::pending::{Ask, Outcome, Pending};
-use crate::ledger_picture::{LedgerPicture, Write};
+use steward_reservations::ask::{self, Current, Target, Written};
 
 /// How often an ask's Reservation is written again after losing a write
 /// race (409) before the ask is answered with the error.
@@ -79,7 +79,7 @@ impl Asks {
     }
 
     /// Takes the held asks once the ledger is built (see [`Asks::take`]).
-    pub(super) fn take_held(&mut self, picture: &mut LedgerPicture) {
+    pub(super) fn take_held(&mut self, picture: &mut ClusterPicture) {
         if !picture.kept() {
             return;
         }
@@ -97,10 +97,10 @@ impl Asks {
     /// with its decision in this batch, one write. Only what holds capacity
     /// is persisted. Any other ask is written off the loop
     /// ([`Asks::write`]).
-    fn take(&mut self, picture: &mut LedgerPicture, a: Ask) {
+    fn take(&mut self, picture: &mut ClusterPicture, a: Ask) {
         // The endpoint checked it already; whatever hands the loop an ask,
         // nothing out of bounds reaches the ledger.
-        if let Err(e) = crate::bounds::check(&a.spec) {
+        if let Err(e) = steward_reservations::bounds::check(&a.spec) {
             let _ = a.reply.send(Outcome::Refused(e.to_string()));
             return;
         }
@@ -147,7 +147,7 @@ impl Asks {
     /// Writes an ask's Reservation (create or renew, as the extender
     /// would), off the loop: the result comes back as an [`AskResult`],
     /// to be decided in a later batch.
-    fn write(&self, picture: &LedgerPicture, a: Ask, mut current: Current) {
+    fn write(&self, picture: &ClusterPicture, a: Ask, mut current: Current) {
         let relists = picture.relists();
         let ns = a.spec.pod.namespace.clone();
         let rname = reservation_name(&ns, &a.spec.pod.name);
@@ -174,7 +174,11 @@ impl Asks {
     /// An ask's Reservation is written: the object goes into the picture
     /// (its pod is decided in this batch) and the ask waits for the
     /// decision.
-    pub(super) fn written(&mut self, picture: &mut LedgerPicture, (a, result, relists): AskResult) {
+    pub(super) fn written(
+        &mut self,
+        picture: &mut ClusterPicture,
+        (a, result, relists): AskResult,
+    ) {
         let uid = a.spec.pod.uid.clone();
         match result {
             Ok(Written::Answered(r)) => {
@@ -204,7 +208,9 @@ impl Asks {
             Err(kube::Error::Api(e)) if e.code == 422 => {
                 let _ = a
                     .reply
-                    .send(Outcome::Refused(crate::extender::api_refused(&e.message)));
+                    .send(Outcome::Refused(steward_reservations::ask::api_refused(
+                        &e.message,
+                    )));
             }
             Err(e) => {
                 let _ = a.reply.send(Outcome::Failed(format!(
@@ -218,7 +224,7 @@ impl Asks {
     /// answers.
     pub(super) fn seen(
         &mut self,
-        picture: &mut LedgerPicture,
+        picture: &mut ClusterPicture,
         c: steward_kube::Change<Reservation>,
     ) {
         if let steward_kube::Change::Applied(r) = &c
@@ -230,7 +236,7 @@ impl Asks {
     }
 
     /// A Reservation as this controller's write returned it.
-    pub(super) fn own(&mut self, picture: &mut LedgerPicture, r: Reservation) {
+    pub(super) fn own(&mut self, picture: &mut ClusterPicture, r: Reservation) {
         if self.pending.wants(&r.spec.pod.uid) {
             self.pending.offer(&r);
         }
@@ -240,7 +246,7 @@ impl Asks {
     /// Answers the asks of proposal `w` when it is a rejection, and drops
     /// the proposal; whether it was one (a rejection holds nothing: it is
     /// not written).
-    pub(super) fn unwritten_rejection(&mut self, picture: &mut LedgerPicture, w: &Write) -> bool {
+    pub(super) fn unwritten_rejection(&mut self, picture: &mut ClusterPicture, w: &Write) -> bool {
         if !w.creates() || w.object.status.as_ref().map(|s| s.phase.as_str()) != Some("Rejected") {
             return false;
         }
@@ -272,7 +278,7 @@ impl Asks {
     /// asked for.
     pub(super) fn settle_proposals(
         &mut self,
-        picture: &mut LedgerPicture,
+        picture: &mut ClusterPicture,
         landed: &HashSet<String>,
     ) {
         for (spec, since) in std::mem::take(&mut self.proposals) {

@@ -33,16 +33,16 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::direct::ENDPOINT_ANNOTATION;
-use crate::direct::client::Leader;
+use crate::cluster_picture::ClusterPicture;
 use crate::direct::pending::Ask;
 use crate::direct::server::{DecideHandle, DecideTls};
 use crate::leader_watches::LeaderWatches;
-use crate::ledger_picture::LedgerPicture;
 use crate::metrics::ControllerMetrics;
 use crate::node_gone::{self, NodeGoneConfig};
 use asks::Asks;
 use relabel::Relabels;
+use steward_reservations::direct::ENDPOINT_ANNOTATION;
+use steward_reservations::direct::client::Leader;
 use write::{WRITES_IN_FLIGHT, Wrote, write};
 
 /// Where a replica serves the direct path ([`crate::direct`]).
@@ -311,7 +311,7 @@ async fn decide(
     let mut nodes = watches.nodes().subscribe();
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut picture = LedgerPicture::default();
+    let mut picture = ClusterPicture::default();
     let ttl_ms = u64::try_from(cfg.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut audited = tokio::time::Instant::now();
     // Asks written off the loop report back here.
@@ -422,7 +422,7 @@ const ECHO_WAIT_MS: u64 = 30_000;
 
 /// Compares the kept ledger with one rebuilt from every object; where they
 /// differ, says so and rebuilds.
-fn audit(picture: &mut LedgerPicture, ttl_ms: u64, at: Millis, metrics: &ControllerMetrics) {
+fn audit(picture: &mut ClusterPicture, ttl_ms: u64, at: Millis, metrics: &ControllerMetrics) {
     let differ = picture.audit(ttl_ms, at);
     metrics.audits.inc();
     metrics

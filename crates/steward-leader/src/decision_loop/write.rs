@@ -10,8 +10,8 @@ use kube::runtime::events::EventType;
 use steward_api::{API_VERSION, Reservation};
 use steward_kube::EventSink;
 
-use crate::ask;
-use crate::ledger_picture::Write;
+use crate::cluster_picture::Write;
+use steward_reservations::ask;
 
 /// Writes of one batch sent at once, at most.
 pub(super) const WRITES_IN_FLIGHT: usize = 32;

@@ -3,7 +3,7 @@
 //!
 //! The extender sends `Authorization: Bearer <token>`, a projected
 //! ServiceAccount token with the audience [`DECIDE_AUDIENCE`]
-//! ([`super::token::DecideToken`]). The controller has the API server
+//! ([`steward_reservations::direct::token::DecideToken`]). The controller has the API server
 //! review it (`TokenReview`, `authentication.k8s.io/v1`, through
 //! [`ApiServerTokenReview`]) and lets through only the usernames it was
 //! told to ([`Authenticator`]). Reviews are kept for a short time (a

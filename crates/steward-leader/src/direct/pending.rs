@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use steward_api::{Reservation, ReservationSpec};
 use tokio::sync::oneshot;
 
-use crate::ask::{Target, answered};
+use steward_reservations::ask::{Target, answered};
 
 /// What the leader answers an ask with.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub enum Outcome {
     /// would read (no object exists).
     Rejected(Box<Reservation>),
     /// Refused, with the reason in full: out of bounds
-    /// ([`crate::bounds::check`]), the Reservation of the pod's name is
+    /// ([`steward_reservations::bounds::check`]), the Reservation of the pod's name is
     /// another existing pod's, or the API server refused the Reservation
     /// as written (422).
     Refused(String),

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::client::Leader;
+use steward_reservations::direct::client::Leader;
 
 /// Between probes of the leader's endpoint.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);

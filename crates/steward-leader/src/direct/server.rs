@@ -1,10 +1,10 @@
-//! The leader's `/v1/decide` endpoint ([`super::wire`]). Every replica
+//! The leader's `/v1/decide` endpoint ([`steward_reservations::direct::wire`]). Every replica
 //! serves it; only the leader's decision loop takes asks, a standby
 //! answers 421 so the extender looks for the leader again.
 //!
 //! Over HTTPS ([`serve_tls`], [`DecideTls`]) the replica proves itself to
 //! the extenders with its certificate (they verify it,
-//! [`super::transport::DecideTrust`]); no client certificate is asked
+//! [`steward_reservations::direct::transport::DecideTrust`]); no client certificate is asked
 //! for, the callers prove themselves with their tokens ([`super::auth`]).
 
 use std::sync::Arc;
@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{Authenticator, Verdict};
 use super::pending::{Ask, Outcome};
-use super::wire::{DECIDE_PATH, DecideRequest, MAX_REQUEST};
-use crate::http::{json, text};
 use crate::metrics::ControllerMetrics;
+use steward_reservations::direct::wire::{DECIDE_PATH, DecideRequest, MAX_REQUEST};
+use steward_reservations::http::{json, text};
 
 /// Longest an ask is waited for, whatever the caller says.
 pub const MAX_WAIT: Duration = Duration::from_secs(10);
@@ -98,8 +98,11 @@ async fn serve_with(
         }
     };
     match tls {
-        None => crate::http::serve(listener, "decide", stop, handler).await,
-        Some(tls) => crate::http::serve_tls(listener, tls.source, "decide", stop, handler).await,
+        None => steward_reservations::http::serve(listener, "decide", stop, handler).await,
+        Some(tls) => {
+            steward_reservations::http::serve_tls(listener, tls.source, "decide", stop, handler)
+                .await
+        }
     }
 }
 
@@ -211,7 +214,7 @@ async fn ask(
     };
     // The bounds every way in applies: nothing out of them is queued,
     // decided or written.
-    if let Err(e) = crate::bounds::check(&ask.spec) {
+    if let Err(e) = steward_reservations::bounds::check(&ask.spec) {
         return (
             "refused",
             text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),

@@ -21,19 +21,20 @@
 //! an older controller), the extender falls back to the API path.
 //!
 //! Callers are authenticated when the controller is told whom to admit
-//! ([`auth`]): the extender sends a projected ServiceAccount token
-//! ([`token`]), the controller has the API server review it. The leader
-//! is authenticated to the extenders when it serves HTTPS
-//! ([`server::DecideTls`]) and they verify its certificate
-//! ([`transport::DecideTrust`]): then the token and the asks no longer
-//! travel in clear, and a Lease naming another endpoint cannot make an
-//! extender hand them to it.
+//! (`steward_leader::direct::auth`): the extender sends a projected
+//! ServiceAccount token ([`token`]), the controller has the API server
+//! review it. The leader is authenticated to the extenders when it serves
+//! HTTPS (`steward_leader::direct::server::DecideTls`) and they verify its
+//! certificate ([`transport::DecideTrust`]): then the token and the asks
+//! no longer travel in clear, and a Lease naming another endpoint cannot
+//! make an extender hand them to it.
+//!
+//! Here: what both ends share — the wire ([`wire`]) and the client that
+//! follows the Lease and asks ([`client::Leader`]: the extender asks
+//! through it, a standby controller probes the holder it names). The
+//! endpoint is the leader's (`steward_leader::direct`).
 
-pub mod auth;
 pub mod client;
-pub(crate) mod pending;
-pub(crate) mod prober;
-pub mod server;
 pub mod token;
 pub mod transport;
 pub mod wire;

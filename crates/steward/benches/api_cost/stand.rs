@@ -15,8 +15,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use steward_api::Configuration;
-use steward_reservations::extender::{Extender, ExtenderConfig, LeaderLease, server};
-use steward_reservations::{ControllerConfig, DecideConfig};
+use steward_extender::{Extender, ExtenderConfig, LeaderLease, server};
+use steward_leader::{ControllerConfig, DecideConfig};
 use steward_testing_apiserver::{ApiServer, Options};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -129,7 +129,7 @@ impl Stand {
             let client = api.client_with_user_agent(&ua).unwrap();
             let stop = stop.clone();
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = steward_reservations::run(client, cfg, stop).await {
+                if let Err(e) = steward_leader::run(client, cfg, stop).await {
                     eprintln!("api_cost: controller {identity} stopped: {e}");
                 }
             }));

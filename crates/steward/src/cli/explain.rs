@@ -129,7 +129,7 @@ pub fn explain(pod: &Pod, claims: &[SlotClaim], reservation: Option<&Reservation
     };
     let mut slots: Vec<HeldSlot> = claims.iter().filter(mine).map(slot_of).collect();
     slots.sort_by(|a, b| a.slot.cmp(&b.slot));
-    let requests = steward_reservations::extender::slot_request(pod);
+    let requests = steward_extender::slot_request(pod);
     let mut short = BTreeMap::new();
     for (instance, want) in &requests {
         let held = slots.iter().filter(|s| &s.instance == instance).count();

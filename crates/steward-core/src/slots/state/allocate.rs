@@ -1,16 +1,16 @@
-//! Allocate as a two-phase plan: [`SlotLedger::allocate`] reserves the
+//! Allocate as a two-phase plan: [`SlotAllocator::allocate`] reserves the
 //! slots and says what to write; the adapter makes the writes durable and
-//! calls [`SlotLedger::commit`], or rolls the plan back with
-//! [`SlotLedger::claim_conflict`] or [`SlotLedger::abort`].
+//! calls [`SlotAllocator::commit`], or rolls the plan back with
+//! [`SlotAllocator::claim_conflict`] or [`SlotAllocator::abort`].
 
 use super::*;
 
-impl SlotLedger {
+impl SlotAllocator {
     /// kubelet's Allocate for `device_ids` (all containers of one request).
     ///
     /// All or nothing: on error nothing changed. On success the slots are
     /// reserved for the returned plan; the adapter makes every write of the
-    /// plan durable, then calls [`SlotLedger::commit`] and only then answers
+    /// plan durable, then calls [`SlotAllocator::commit`] and only then answers
     /// kubelet. See the module documentation for the rules.
     pub fn allocate(
         &mut self,

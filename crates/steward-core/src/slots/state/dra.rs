@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl SlotLedger {
+impl SlotAllocator {
     /// NodePrepareResources for one ResourceClaim: each slot with the hold
     /// it is prepared under (the claim, the request and DRA device it was
     /// allocated as, its users).
@@ -19,9 +19,9 @@ impl SlotLedger {
     /// shared device with the API server unreachable).
     ///
     /// All or nothing, then the same protocol as
-    /// [`SlotLedger::allocate`]: make the plan's writes durable,
-    /// [`SlotLedger::commit`] (or [`SlotLedger::claim_conflict`] /
-    /// [`SlotLedger::abort`]), and only then answer kubelet. The slots turn
+    /// [`SlotAllocator::allocate`]: make the plan's writes durable,
+    /// [`SlotAllocator::commit`] (or [`SlotAllocator::claim_conflict`] /
+    /// [`SlotAllocator::abort`]), and only then answer kubelet. The slots turn
     /// Unhealthy for the device plugins when the plan is made (and back on
     /// rollback): send the health of their Instances after either.
     pub fn prepare(
@@ -188,7 +188,7 @@ impl SlotLedger {
     /// `0..capacity`): those its claim already holds as that device and
     /// share (a repeat), then free ones in slot order, none of `taken`
     /// (slots other devices of the same prepare got). A free slot is one
-    /// with no record on this node that [`SlotLedger::prepare`] would
+    /// with no record on this node that [`SlotAllocator::prepare`] would
     /// accept. `Err(n)`: only `n < want` can be had.
     pub fn consumable_pick(
         &self,

@@ -62,7 +62,7 @@ pub(super) struct Plan {
 
 /// The device-plugin slot ledger of one node. See [`crate::slots`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotLedger {
+pub struct SlotAllocator {
     pub(super) node: String,
     pub(super) config: SlotConfig,
     pub(super) instances: BTreeMap<String, InstanceInfo>,
@@ -87,11 +87,11 @@ pub struct SlotLedger {
     pub(super) next_plan: u64,
 }
 
-impl SlotLedger {
+impl SlotAllocator {
     /// An empty ledger for `node`. The API server counts as unreachable
-    /// until [`SlotLedger::cluster_reachability`] says otherwise (shared
+    /// until [`SlotAllocator::cluster_reachability`] says otherwise (shared
     /// devices fail closed). After a start or restart use
-    /// [`SlotLedger::recover`] instead.
+    /// [`SlotAllocator::recover`] instead.
     pub fn new(node: impl Into<String>, config: SlotConfig) -> Self {
         Self {
             node: node.into(),
@@ -184,7 +184,7 @@ impl SlotLedger {
 
     /// Whether any claim awaits its pod's attribution (answered by Allocate,
     /// or recovered so, and not attributed, released or timed out since).
-    /// Same answer as scanning [`SlotLedger::claims`], without copying them.
+    /// Same answer as scanning [`SlotAllocator::claims`], without copying them.
     pub fn any_awaiting(&self) -> bool {
         self.claims.values().any(|c| c.awaiting.is_some())
     }
@@ -439,7 +439,7 @@ impl SlotLedger {
     /// iff the device is unavailable here, a DRA claim holds the slot here
     /// (it stays Unhealthy either way) or another node holds the slot, so
     /// only the slot's own Instance can change, and only when its device is
-    /// available: the same answer as [`SlotLedger::health_diff`] over every
+    /// available: the same answer as [`SlotAllocator::health_diff`] over every
     /// Instance, without rebuilding each Instance's health per cluster event.
     fn slot_health_flipped(&self, slot: &str, effects: &mut Vec<Effect>) {
         let by_dra = self.claims.get(slot).is_some_and(|c| c.dra.is_some());
@@ -479,7 +479,7 @@ fn holding(slot: &str, c: &LocalClaim) -> Holding {
     }
 }
 
-impl Holdings for SlotLedger {
+impl Holdings for SlotAllocator {
     fn holdings(&self) -> Vec<Holding> {
         self.holders()
     }

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SlotLedger {
+impl SlotAllocator {
     // ----- pods ----------------------------------------------------------
 
     /// A pod watch event (Added, Modified, or Deleted with `pod.deleted`).
@@ -154,7 +154,7 @@ impl SlotLedger {
 
     /// The earliest time after `after` at which a full pod-resources list
     /// could release a pending claim by the settle rule (see
-    /// [`SlotLedger::podresources_listed`]); `None` when no pending claim
+    /// [`SlotAllocator::podresources_listed`]); `None` when no pending claim
     /// is waiting for its settle time. The adapter lists then.
     pub fn next_settle(&self, after: Millis) -> Option<Millis> {
         self.claims

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SlotLedger {
+impl SlotAllocator {
     // ----- time ----------------------------------------------------------
 
     /// Time passed. Plans outstanding for `pending_timeout_ms` are rolled
