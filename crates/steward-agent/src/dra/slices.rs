@@ -43,31 +43,10 @@ use steward_kube::{Mirror, SharedWatch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// Label naming the node that wrote a slice (a hash when the node name is
-/// not a valid label value).
-pub const WRITER_LABEL: &str = "steward.dev/writer";
+pub use steward_core::dra::{WRITER_LABEL, writer_label};
 
 /// How long a failed write waits before the slices are synced again.
 const RETRY: Duration = Duration::from_secs(1);
-
-/// The value of [`WRITER_LABEL`] for `node`.
-pub fn writer_label(node: &str) -> String {
-    let ok = node.len() <= 63
-        && node
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        node.to_owned()
-    } else {
-        // Node names are DNS subdomains; a long one is cut and kept unique
-        // by the slice names, which do not depend on it.
-        node.chars()
-            .take(63)
-            .collect::<String>()
-            .trim_end_matches(['-', '.'])
-            .to_owned()
-    }
-}
 
 fn attribute(a: &Attribute) -> DeviceAttribute {
     let mut out = DeviceAttribute::default();

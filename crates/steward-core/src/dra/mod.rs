@@ -71,5 +71,31 @@ pub const MANAGED_BY: &str = "steward";
 /// The label selector of the DeviceClasses steward owns.
 pub const OWNED_SELECTOR: &str = "app.kubernetes.io/managed-by=steward";
 
+/// Label naming the node that wrote a ResourceSlice, on the slices of both
+/// of steward's drivers (`steward.dev` by the agent, `cpu.steward.dev` by
+/// the resource manager), so one rule reads a node's slices by writer.
+pub const WRITER_LABEL: &str = "steward.dev/writer";
+
+/// The value of [`WRITER_LABEL`] for `node`: the node name when it is a
+/// label value (at most 63 characters of `[A-Za-z0-9-_.]`), else its first
+/// 63 characters without trailing `-` or `.` (node names are DNS
+/// subdomains; a long one is kept unique by the slice names, which do not
+/// depend on it).
+pub fn writer_label(node: &str) -> String {
+    let ok = node.len() <= 63
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        node.to_owned()
+    } else {
+        node.chars()
+            .take(63)
+            .collect::<String>()
+            .trim_end_matches(['-', '.'])
+            .to_owned()
+    }
+}
+
 /// The driver name of every device steward publishes.
 pub const DRIVER: &str = "steward.dev";

@@ -32,33 +32,14 @@ use tracing::{debug, info, warn};
 
 use crate::manager::ResourceManager;
 
-/// Label naming the node that wrote a slice: the agent's label, so one
-/// rule reads both drivers' slices by writer.
-pub const WRITER_LABEL: &str = "steward.dev/writer";
+pub use steward_core::dra::{WRITER_LABEL, writer_label};
+
 /// Devices per slice (the API's limit for devices without taints).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// How often what was written is listed again (a slice removed behind the
 /// publisher's back, e.g. by kubelet when the plugin was away, is written
 /// again).
 const RELIST: Duration = Duration::from_secs(300);
-
-/// The value of [`WRITER_LABEL`] for `node` (a label value: at most 63
-/// characters of `[A-Za-z0-9-_.]`, as the agent writes it).
-pub fn writer_label(node: &str) -> String {
-    let ok = node.len() <= 63
-        && node
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        node.to_owned()
-    } else {
-        node.chars()
-            .take(63)
-            .collect::<String>()
-            .trim_end_matches(['-', '.'])
-            .to_owned()
-    }
-}
 
 /// 64-bit FNV-1a: slice names that depend only on the node.
 fn fnv1a64(bytes: &[u8]) -> u64 {
