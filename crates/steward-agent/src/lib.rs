@@ -61,6 +61,21 @@ pub async fn run(
             source,
         })?;
     }
+    // The DRA kubelet plugin is served before the store is held: during a
+    // roll, the agent before this one still holds it, and calls are relayed
+    // to it until then (dra::handover). Dropped last, after the ledger.
+    let ledger_slot = std::sync::Arc::new(dra::handover::CoreSlot::new());
+    let _dra_plugin = match (&cfg.mode, &cfg.dra_plugin, &cfg.device_plugins) {
+        (Mode::Kubernetes(client), Some(dra), Some(_)) => {
+            Some(AbortOnDropHandle::new(tokio::spawn(dra::kubelet::serve(
+                ledger_slot.reader(),
+                client.clone(),
+                dra.clone(),
+                cfg.readiness.clone(),
+            ))))
+        }
+        _ => None,
+    };
     let state = NodeStore::open_waiting(&cfg.state_dir, cfg.store_wait).await?;
     let metrics = cfg.metrics.clone().unwrap_or_default();
 
@@ -133,6 +148,15 @@ pub async fn run(
                 let (client, node, stop) = (client.clone(), cfg.node_name.clone(), stop.clone());
                 let layout = cfg.dra_layout;
                 let watches = watches.clone();
+                // During a roll the successor's plugin serves beside this
+                // one: the slices stay for it when this agent stops.
+                let on_stop = match &cfg.dra_plugin {
+                    Some(dra) => dra::OnStop::KeepForSuccessor {
+                        plugin_dir: dra.plugin_dir.clone(),
+                        own_socket: dra.plugin_socket(),
+                    },
+                    None => dra::OnStop::Delete,
+                };
                 dra_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                     // An older cluster: one warning, no ResourceSlices; the
                     // device plugins and the rest go on.
@@ -144,7 +168,8 @@ pub async fn run(
                     .await
                     {
                         let (instances, claims) = (watches.instances(), watches.slot_claims());
-                        dra::publish(client, node, layout, instances, claims, stop).await;
+                        dra::publish_until(client, node, layout, instances, claims, stop, on_stop)
+                            .await;
                     }
                 })));
             }
@@ -157,6 +182,7 @@ pub async fn run(
                     state.clone(),
                     metrics.device_plugins.clone(),
                     hub.clone(),
+                    ledger_slot.clone(),
                     stop.clone().cancelled_owned(),
                 ))));
             }
@@ -267,6 +293,9 @@ fn device_plugins(
     state: NodeStore,
     metrics: deviceplugin::DevicePluginMetrics,
     view: Option<std::sync::Arc<steward_podresources::Hub>>,
+    ledger_slot: std::sync::Arc<
+        dra::handover::CoreSlot<claims::LocalClaimStore, claims::KubeClaimStore>,
+    >,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let client = watches.client().clone();
@@ -292,9 +321,9 @@ fn device_plugins(
         host_paths: cfg.host_paths.clone(),
     };
     if let Some(dra) = cfg.dra_plugin.clone() {
-        let (client, readiness) = (client.clone(), cfg.readiness.clone());
+        let client = client.clone();
         parts.with_core.push(Box::new(move |core| {
-            Box::pin(dra::kubelet::serve(core, client, dra, readiness))
+            Box::pin(dra::kubelet::on_ledger(core, ledger_slot, client, dra))
         }));
     }
     let run = deviceplugin::run(parts, claims::watch_claims(watches.slot_claims()), shutdown);

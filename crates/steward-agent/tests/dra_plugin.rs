@@ -1300,3 +1300,135 @@ async fn a_hold_is_released_within_one_interval_of_its_claim_going() {
     );
     agent.stop().await.unwrap();
 }
+
+/// Prepares `claims` on `plugin`; the answer's error for each, by UID.
+async fn prepare_errors(
+    plugin: &mut DraPluginClient<Channel>,
+    claims: Vec<Claim>,
+) -> std::collections::HashMap<String, String> {
+    plugin
+        .node_prepare_resources(NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+        .into_iter()
+        .map(|(uid, answer)| (uid, answer.error))
+        .collect()
+}
+
+/// A DaemonSet rolling with maxSurge: the new agent, its sockets named
+/// after its pod, serves its kubelet plugin beside the old one's while the
+/// old one holds the node's store, relaying each call to it; a call made
+/// while the old one stops waits for the new one to hold the store; the
+/// new one then serves on the same ledger (what the old one prepared is
+/// still held). No call refused, no claim lost, the old sockets gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_relays_to_the_agent_before_it_then_takes_its_ledger_over() {
+    let server = api_server().await;
+    server.serve_dra();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), "node-a", Some(server.client())).await;
+    let agent_of_pod = |uid: &str| {
+        let mut cfg = node.agent_config(dir.path(), server.client(), echo(false));
+        let mut dra = DraPluginConfig::new(&node.root);
+        dra.instance = Some(uid.into());
+        cfg.dra_plugin = Some(dra.clone());
+        (cfg, dra)
+    };
+    let (cfg, old_dra) = agent_of_pod("old-pod");
+    let old = Agent::start(cfg);
+    create_configuration(
+        &server,
+        &configuration("cams", "debug-echo", &echo_details(&["cam"]), 3),
+    )
+    .await;
+    let inst = instance_of(&server, "cams", &["node-a"]).await;
+    let instance = inst.metadata.name.clone().unwrap();
+    node.kubelet
+        .wait_for_resource(&resource(&inst), |s| s.healthy.len() == 3, WAIT)
+        .await
+        .unwrap();
+    let on = |slot: u32| vec![("node-a", device_name(&instance, slot))];
+    let first = allocated_claim(&server, "first", "steward.dev", &on(0)).await;
+    let mut to_old = DraPluginClient::new(channel(&old_dra.plugin_socket()).await);
+    let errors = prepare_errors(&mut to_old, vec![claim("first", &first)]).await;
+    assert_eq!(errors[&first], "");
+
+    // The successor: both sockets named after its pod, served while the
+    // old agent still holds the store.
+    let (cfg, new_dra) = agent_of_pod("new-pod");
+    assert!(
+        new_dra
+            .registration_socket()
+            .ends_with("plugins_registry/steward.dev-new-pod-reg.sock")
+    );
+    assert!(
+        new_dra
+            .plugin_socket()
+            .ends_with("steward.dev/dra-new-pod.sock")
+    );
+    let state_dir = cfg.state_dir.clone();
+    let new = Agent::start(cfg);
+    let mut to_new = DraPluginClient::new(channel(&new_dra.plugin_socket()).await);
+    let second = allocated_claim(&server, "second", "steward.dev", &on(1)).await;
+    let errors = prepare_errors(&mut to_new, vec![claim("second", &second)]).await;
+    assert_eq!(errors[&second], "", "relayed to the old agent");
+    assert!(
+        matches!(
+            steward_agent::NodeStore::open(&state_dir),
+            Err(steward_agent::StateError::Busy { .. })
+        ),
+        "the old agent still holds the store, so it prepared the claim"
+    );
+    wait_held_by(&server, &format!("{instance}-1"), "second").await;
+
+    // The old agent stops while a call is on its way: the call waits for
+    // the new agent's ledger instead of being refused.
+    let third = allocated_claim(&server, "third", "steward.dev", &on(2)).await;
+    let mut racing = to_new.clone();
+    let during =
+        tokio::spawn(
+            async move { prepare_errors(&mut racing, vec![claim("third", &third)]).await },
+        );
+    old.stop().await.unwrap();
+    let errors = during.await.unwrap();
+    assert!(errors.values().all(String::is_empty), "{errors:?}");
+    for gone in [old_dra.plugin_socket(), old_dra.registration_socket()] {
+        assert!(!gone.exists(), "{} left behind", gone.display());
+    }
+
+    // The new agent's ledger is the old one's: what the old one prepared
+    // is held (a claim on its device refused until it is unprepared), and
+    // preparing it again is the same answer.
+    let errors = prepare_errors(&mut to_new, vec![claim("first", &first)]).await;
+    assert_eq!(errors[&first], "");
+    let fourth = allocated_claim(&server, "fourth", "steward.dev", &on(1)).await;
+    let errors = prepare_errors(&mut to_new, vec![claim("fourth", &fourth)]).await;
+    assert!(
+        !errors[&fourth].is_empty(),
+        "slot 1 is still the second claim's"
+    );
+    let answer = to_new
+        .node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claim("second", &second)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims[&second].error, "");
+    let errors = prepare_errors(&mut to_new, vec![claim("fourth", &fourth)]).await;
+    assert_eq!(errors[&fourth], "");
+    wait_held_by(&server, &format!("{instance}-1"), "fourth").await;
+    new.stop().await.unwrap();
+}
+
+/// Waits until slot `slot`'s SlotClaim in the cluster is held by the
+/// ResourceClaim named `name`.
+async fn wait_held_by(server: &ApiServer, slot: &str, name: &str) {
+    eventually(&format!("{slot} held by claim {name}"), WAIT, || async {
+        let held = claim_of(server, slot).await?;
+        (held.spec.resource_claim.as_ref()?.name == name).then_some(())
+    })
+    .await;
+}

@@ -3,11 +3,14 @@
 //! `cpu.steward.dev`) serves to kubelet's plugin watcher and DRA manager.
 //!
 //! * **Registration** on `<registry_dir>/<driver>-reg.sock`
+//!   (`<driver>-<instance>-reg.sock` for an instance named per pod, so two
+//!   pods of a rolling DaemonSet can be registered side by side, as
+//!   upstream's kubelet plugin helper names them)
 //!   (`pluginregistration.Registration`): GetInfo answers type
 //!   [`PLUGIN_TYPE`], the driver name, the DRA socket and the services the
 //!   driver serves there; NotifyRegistrationStatus marks the plugin ready
 //!   (or logs kubelet's refusal) under the driver's readiness condition.
-//! * **The DRA socket** `<plugin_dir>/dra.sock`: the services the driver
+//! * **The DRA socket** `<plugin_dir>/dra.sock` (`dra-<instance>.sock`): the services the driver
 //!   hands in ([`Routes`]: its `v1.DRAPlugin` and whatever else it lists).
 //!
 //! The DRA socket is bound before the registration socket, so kubelet never
@@ -32,7 +35,8 @@ use crate::{BindOptions, Readiness, SocketGuard, UnixIncoming};
 /// The plugin type kubelet's plugin watcher routes to its DRA manager.
 pub use steward_proto::dra::v1::PLUGIN_TYPE;
 
-/// File name of the DRA socket in the driver's plugin directory.
+/// File name of the DRA socket in the driver's plugin directory (an
+/// instance named per pod adds `-<instance>`).
 pub const PLUGIN_SOCKET: &str = "dra.sock";
 
 /// Only kubelet (root) connects.
@@ -55,6 +59,9 @@ pub struct KubeletPlugin {
     pub readiness: String,
     /// How often the sockets are checked for removal.
     pub poll: Duration,
+    /// The pod this instance of the plugin runs in (its UID), when two may
+    /// run side by side during a roll: both sockets are named after it.
+    pub instance: Option<String>,
 }
 
 impl KubeletPlugin {
@@ -73,12 +80,32 @@ impl KubeletPlugin {
             supported_versions: supported_versions.iter().map(|s| (*s).to_owned()).collect(),
             readiness: readiness.to_owned(),
             poll: Duration::from_millis(200),
+            instance: None,
         }
     }
 
-    /// File name of the registration socket: `<driver>-reg.sock`.
+    /// The same plugin, its sockets named after `instance` (the pod UID).
+    pub fn with_instance(mut self, instance: Option<String>) -> Self {
+        self.instance = instance.filter(|i| !i.is_empty());
+        self
+    }
+
+    /// `-<instance>`, or nothing.
+    fn instance_part(&self) -> String {
+        self.instance
+            .as_deref()
+            .map(|i| format!("-{i}"))
+            .unwrap_or_default()
+    }
+
+    /// File name of the registration socket: `<driver>[-<instance>]-reg.sock`.
     pub fn registration_socket_name(&self) -> String {
-        format!("{}-reg.sock", self.driver)
+        format!("{}{}-reg.sock", self.driver, self.instance_part())
+    }
+
+    /// File name of the DRA socket: `dra[-<instance>].sock`.
+    pub fn plugin_socket_name(&self) -> String {
+        format!("dra{}.sock", self.instance_part())
     }
 
     pub fn registration_socket(&self) -> PathBuf {
@@ -86,7 +113,7 @@ impl KubeletPlugin {
     }
 
     pub fn plugin_socket(&self) -> PathBuf {
-        self.plugin_dir.join(PLUGIN_SOCKET)
+        self.plugin_dir.join(self.plugin_socket_name())
     }
 }
 
@@ -211,5 +238,34 @@ where
         drop(served);
         drop(reg_guard);
         drop(plugin_guard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_are_named_per_instance_as_upstreams_helper_names_them() {
+        let plugin = KubeletPlugin::new(Path::new("/k"), "steward.dev", &["v1.DRAPlugin"], "r");
+        assert_eq!(
+            plugin.registration_socket(),
+            Path::new("/k/plugins_registry/steward.dev-reg.sock")
+        );
+        assert_eq!(
+            plugin.plugin_socket(),
+            Path::new("/k/plugins/steward.dev/dra.sock")
+        );
+        let pod = plugin.clone().with_instance(Some("0f9c-uid".to_owned()));
+        assert_eq!(
+            pod.registration_socket(),
+            Path::new("/k/plugins_registry/steward.dev-0f9c-uid-reg.sock")
+        );
+        assert_eq!(
+            pod.plugin_socket(),
+            Path::new("/k/plugins/steward.dev/dra-0f9c-uid.sock")
+        );
+        // An empty UID (the downward API unset) is no instance.
+        assert_eq!(plugin.clone().with_instance(Some(String::new())), plugin);
     }
 }

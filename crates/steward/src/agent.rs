@@ -123,6 +123,19 @@ pub struct AgentArgs {
     /// labels (on objects written before them too).
     #[arg(long, conflicts_with = "standalone")]
     select_by_node_labels: bool,
+    /// The UID of the pod this agent runs in (the downward API's
+    /// metadata.uid), for a DaemonSet that rolls with maxSurge: the DRA
+    /// kubelet plugin's sockets are named after it, so the old and the new
+    /// agent are registered with kubelet side by side, and the new agent
+    /// relays calls to the old one until the old one stops and frees the
+    /// node's store (kubelet 1.33+).
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+    /// How long the agent waits for the node's store while another agent
+    /// holds it (default: 60s; 10m with --pod-uid, where the agent before
+    /// this one stops only once this one is ready).
+    #[arg(long, value_parser = parse_duration)]
+    store_wait: Option<Duration>,
 }
 
 /// Who removes a deleted Node from the Instances.
@@ -215,9 +228,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if args.dra_consumable_capacity {
         cfg.dra_layout = steward_core::dra::Layout::Consumable;
     }
+    let pod_uid = args.pod_uid.filter(|uid| !uid.is_empty());
     if args.dra {
-        cfg.dra_plugin = Some(steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir));
+        let mut dra = steward_agent::dra::DraPluginConfig::new(&args.kubelet_dir);
+        dra.instance = pod_uid.clone();
+        cfg.dra_plugin = Some(dra);
     }
+    cfg.store_wait = match (args.store_wait, &pod_uid) {
+        (Some(wait), _) => wait,
+        (None, Some(_)) => Duration::from_secs(600),
+        (None, None) => cfg.store_wait,
+    };
     let mut registry = prometheus_client::registry::Registry::default();
     if let Some(socket) = args.pod_resources_socket {
         let mut pr = steward_agent::pod_resources::PodResourcesConfig::new(socket);

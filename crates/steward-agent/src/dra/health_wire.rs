@@ -18,18 +18,22 @@ macro_rules! health_adapter {
     ($v:ident) => {
         pub(crate) mod $v {
             use std::pin::Pin;
-            use std::sync::Weak;
+            use std::sync::Arc;
 
             use futures::{Stream, StreamExt};
             use steward_proto::dra_health::$v as wire;
             use tonic::{Request, Response, Status};
 
             use crate::claims::ClaimStore;
+            use crate::dra::handover::CoreReader;
             use crate::dra::health::{DeviceHealth, Report, watch};
-            use crate::slot_keeper::SlotKeeper;
 
             pub(crate) struct Health<L, C> {
-                pub core: Weak<SlotKeeper<L, C>>,
+                /// The ledger, once this agent holds the node's store.
+                pub core: CoreReader<L, C>,
+                /// How long a stream waits for it before Unavailable
+                /// (kubelet dials again 5 s later).
+                pub hold: std::time::Duration,
                 /// The state is sent again after this long without a change.
                 pub resend: std::time::Duration,
             }
@@ -79,7 +83,11 @@ macro_rules! health_adapter {
                     &self,
                     _request: Request<wire::NodeWatchResourcesRequest>,
                 ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-                    let reports = watch(self.core.clone(), self.resend)
+                    let core = match self.core.now() {
+                        Some(core) => core?,
+                        None => self.core.wait(self.hold).await?,
+                    };
+                    let reports = watch(Arc::downgrade(&core), self.resend)
                         .map_err(|e| Status::unavailable(e.to_string()))?;
                     Ok(Response::new(Box::pin(reports.map(|r| Ok(wire(r))))))
                 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use steward_core::dra::DRIVER;
 use steward_core::ledger::ClaimRef;
 use steward_nodeio::kubelet_plugin::{self, KubeletPlugin};
+use steward_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use steward_proto::dra::v1::{
     Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
     NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
@@ -37,11 +38,12 @@ use steward_proto::dra::v1::{
     dra_plugin_server::{DraPlugin, DraPluginServer},
 };
 use steward_proto::dra_health::{v1 as health_v1, v1alpha1 as health_v1alpha1};
-use tokio_util::task::AbortOnDropHandle;
 use tonic::service::Routes;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::claims::read_claim;
+use super::handover::{self, CoreReader, CoreSlot, Peers};
 use crate::claims::ClaimStore;
 use crate::slot_keeper::SlotKeeper;
 
@@ -88,6 +90,13 @@ pub struct DraPluginConfig {
     /// again (kubelet forgets a device's health 30 s after the last report
     /// naming it).
     pub health_resend: Duration,
+    /// The pod this agent runs in (its UID), when the DaemonSet rolls with
+    /// `maxSurge`: the sockets are named after it, so the old and the new
+    /// agent are registered side by side ([`super::handover`]).
+    pub instance: Option<String>,
+    /// How long a call waits for this agent to hold the node's store (the
+    /// agent before it stopping), below kubelet's 45 s call timeout.
+    pub hold: Duration,
 }
 
 impl DraPluginConfig {
@@ -100,15 +109,17 @@ impl DraPluginConfig {
             op_timeout: Duration::from_secs(5),
             gc_interval: Duration::from_secs(60),
             health_resend: Duration::from_secs(10),
+            instance: None,
+            hold: Duration::from_secs(40),
         }
     }
 
     pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir.join(REGISTRATION_SOCKET)
+        self.kubelet_plugin().registration_socket()
     }
 
     pub fn plugin_socket(&self) -> PathBuf {
-        self.plugin_dir.join(PLUGIN_SOCKET)
+        self.kubelet_plugin().plugin_socket()
     }
 
     /// The shared skeleton's view: driver [`DRIVER`], these directories,
@@ -121,21 +132,53 @@ impl DraPluginConfig {
             supported_versions: SUPPORTED_SERVICES.map(str::to_owned).to_vec(),
             readiness: READINESS.to_owned(),
             poll: self.poll,
+            instance: None,
         }
+        .with_instance(self.instance.clone())
     }
 }
 
 struct Node<L, C> {
-    core: Weak<SlotKeeper<L, C>>,
+    core: CoreReader<L, C>,
+    peers: Peers,
+    hold: Duration,
     client: kube::Client,
     op_timeout: Duration,
 }
 
+/// Who serves a call: this agent's ledger, or the agent before it.
+enum Route<L, C> {
+    Here(Arc<SlotKeeper<L, C>>),
+    Peer(PathBuf, DraPluginClient<Channel>),
+}
+
+/// Set on a call relayed to a peer: a relayed call is never relayed again
+/// (two successors could otherwise pass it between them).
+const RELAYED: &str = "x-steward-relayed";
+
 impl<L: ClaimStore, C: ClaimStore> Node<L, C> {
-    fn core(&self) -> Result<Arc<SlotKeeper<L, C>>, Status> {
-        self.core
-            .upgrade()
-            .ok_or_else(|| Status::unavailable("steward agent is shutting down"))
+    /// This agent's ledger once it holds the node's store; before that,
+    /// the agent before it, if one is serving; else the ledger, waited for.
+    async fn route(&self, relayed: bool) -> Result<Route<L, C>, Status> {
+        if let Some(core) = self.core.now() {
+            return core.map(Route::Here);
+        }
+        if !relayed && let Some((socket, channel)) = self.peers.connect().await {
+            let client = DraPluginClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            return Ok(Route::Peer(socket, client));
+        }
+        self.core.wait(self.hold).await.map(Route::Here)
+    }
+
+    /// A call for the peer, marked relayed.
+    fn relay<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert(RELAYED, tonic::metadata::MetadataValue::from_static("1"));
+        request
     }
 
     async fn prepare_one(
@@ -205,10 +248,30 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
         &self,
         request: Request<NodePrepareResourcesRequest>,
     ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
-        let core = self.core()?;
+        let relayed = request.metadata().contains_key(RELAYED);
+        let request = request.into_inner();
+        let core = match self.route(relayed).await? {
+            Route::Here(core) => core,
+            Route::Peer(socket, mut peer) => {
+                match peer
+                    .node_prepare_resources(Self::relay(request.clone()))
+                    .await
+                {
+                    Ok(answer) => {
+                        tracing::info!(peer = %socket.display(), claims = request.claims.len(), "NodePrepareResources relayed to the agent before this one");
+                        return Ok(Response::new(answer.into_inner()));
+                    }
+                    Err(status) if handover::peer_gone(&status) => {
+                        tracing::info!(peer = %socket.display(), error = %status, "the agent before this one is stopping; serving NodePrepareResources on this agent's ledger");
+                        self.core.wait(self.hold).await?
+                    }
+                    Err(status) => return Err(status),
+                }
+            }
+        };
         let mut claims = HashMap::new();
         let mut pending = Vec::new();
-        for claim in request.into_inner().claims {
+        for claim in request.claims {
             match valid(&claim) {
                 Ok(()) => pending.push(claim),
                 Err(error) => {
@@ -236,9 +299,29 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
         &self,
         request: Request<NodeUnprepareResourcesRequest>,
     ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
-        let core = self.core()?;
+        let relayed = request.metadata().contains_key(RELAYED);
+        let request = request.into_inner();
+        let core = match self.route(relayed).await? {
+            Route::Here(core) => core,
+            Route::Peer(socket, mut peer) => {
+                match peer
+                    .node_unprepare_resources(Self::relay(request.clone()))
+                    .await
+                {
+                    Ok(answer) => {
+                        tracing::info!(peer = %socket.display(), claims = request.claims.len(), "NodeUnprepareResources relayed to the agent before this one");
+                        return Ok(Response::new(answer.into_inner()));
+                    }
+                    Err(status) if handover::peer_gone(&status) => {
+                        tracing::info!(peer = %socket.display(), error = %status, "the agent before this one is stopping; serving NodeUnprepareResources on this agent's ledger");
+                        self.core.wait(self.hold).await?
+                    }
+                    Err(status) => return Err(status),
+                }
+            }
+        };
         let mut claims = HashMap::new();
-        for claim in request.into_inner().claims {
+        for claim in request.claims {
             let error = match valid(&claim) {
                 Ok(()) => {
                     core.unprepare_claim(&claim.uid, false).await;
@@ -255,33 +338,41 @@ impl<L: ClaimStore, C: ClaimStore> DraPlugin for Node<L, C> {
 /// Serves the kubelet plugin until the task is dropped or aborted (the
 /// sockets go with it): `v1.DRAPlugin` and both health streams on the DRA
 /// socket, through the shared skeleton
-/// ([`steward_nodeio::kubelet_plugin::serve`]), and the safety net
-/// ([`super::gc`]) beside it.
+/// ([`steward_nodeio::kubelet_plugin::serve`]). Served from the agent's
+/// start, before it holds the node's store: calls are served on the ledger
+/// `core` reads once there is one, relayed to the agent before this one
+/// until then ([`super::handover`]).
 pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
-    core: Weak<SlotKeeper<L, C>>,
+    core: CoreReader<L, C>,
     client: kube::Client,
     config: DraPluginConfig,
     readiness: steward_nodeio::Readiness,
 ) {
     readiness.not_ready(READINESS, "not registered with kubelet yet");
-    let _gc = AbortOnDropHandle::new(tokio::spawn(super::gc::collect(
-        core.clone(),
-        client.clone(),
-        config.gc_interval,
-        config.op_timeout,
-    )));
+    let plugin = config.kubelet_plugin();
+    let peers = Peers::new(&plugin.plugin_dir, &plugin.plugin_socket());
+    for path in peers
+        .remove_stale(&plugin.registry_dir, &plugin.driver)
+        .await
+    {
+        tracing::info!(path = %path.display(), "removed a socket a stopped DRA plugin left");
+    }
     let routes = || {
         let node = Node {
             core: core.clone(),
+            peers: peers.clone(),
+            hold: config.hold,
             client: client.clone(),
             op_timeout: config.op_timeout,
         };
         let health_v1 = super::health_wire::v1::Health {
             core: core.clone(),
+            hold: config.hold,
             resend: config.health_resend,
         };
         let health_v1alpha1 = super::health_wire::v1alpha1::Health {
             core: core.clone(),
+            hold: config.hold,
             resend: config.health_resend,
         };
         Routes::new(
@@ -296,5 +387,17 @@ pub(crate) async fn serve<L: ClaimStore, C: ClaimStore>(
             ),
         )
     };
-    kubelet_plugin::serve(config.kubelet_plugin(), routes, readiness).await;
+    kubelet_plugin::serve(plugin, routes, readiness).await;
+}
+
+/// Once the slot ledger is up: calls are served on it ([`serve`]), and the
+/// safety net ([`super::gc`]) runs beside it until the task is dropped.
+pub(crate) async fn on_ledger<L: ClaimStore, C: ClaimStore>(
+    core: Weak<SlotKeeper<L, C>>,
+    slot: Arc<CoreSlot<L, C>>,
+    client: kube::Client,
+    config: DraPluginConfig,
+) {
+    slot.set(core.clone());
+    super::gc::collect(core, client, config.gc_interval, config.op_timeout).await;
 }

@@ -10,6 +10,8 @@
 //! * `health`: device health for kubelet's DRA resource health stream,
 //!   typed; `health_wire`: its two wire versions, `v1.DRAResourceHealth`
 //!   and `v1alpha1.DRAResourceHealth`, served on the same socket.
+//! * `handover`: two agents on one node during a roll (the new one's
+//!   plugin relays to the old one's until it holds the node's store).
 //! * [`gc`]: the safety net under unprepare (holds of claims gone from the
 //!   API are released).
 //! * [`claims`]: reading an allocated ResourceClaim (its devices of this
@@ -17,6 +19,7 @@
 
 pub mod claims;
 pub mod gc;
+pub(crate) mod handover;
 mod health;
 mod health_wire;
 pub mod kubelet;
@@ -28,4 +31,4 @@ pub use kubelet::{
     SUPPORTED_SERVICES,
 };
 pub use prepare::{AllocatedDevice, PrepareError, PreparedDevice};
-pub use slices::{SlicePublisher, WRITER_LABEL, publish, writer_label};
+pub use slices::{OnStop, SlicePublisher, WRITER_LABEL, publish, publish_until, writer_label};

@@ -449,6 +449,45 @@ pub async fn publish(
     claim_watch: SharedWatch<SlotClaim>,
     stop: CancellationToken,
 ) {
+    publish_until(
+        client,
+        node,
+        layout,
+        instance_watch,
+        claim_watch,
+        stop,
+        OnStop::Delete,
+    )
+    .await;
+}
+
+/// What [`publish_until`] does with this node's ResourceSlices when it
+/// stops.
+#[derive(Debug, Clone)]
+pub enum OnStop {
+    /// Deletes them: the node no longer offers its devices through DRA.
+    Delete,
+    /// Leaves them when another agent's DRA kubelet plugin is serving on
+    /// the node (this agent's successor during a roll, which writes them
+    /// from then on), deletes them otherwise.
+    KeepForSuccessor {
+        /// The driver's plugin directory.
+        plugin_dir: std::path::PathBuf,
+        /// This agent's own DRA socket there.
+        own_socket: std::path::PathBuf,
+    },
+}
+
+/// [`publish`], doing `on_stop` with the slices when `stop` comes.
+pub async fn publish_until(
+    client: kube::Client,
+    node: String,
+    layout: Layout,
+    instance_watch: SharedWatch<Instance>,
+    claim_watch: SharedWatch<SlotClaim>,
+    stop: CancellationToken,
+    on_stop: OnStop,
+) {
     let mut changes = instance_watch.subscribe();
     let mut claim_changes = claim_watch.subscribe();
     let mut instances = Mirror::keyed(
@@ -540,6 +579,17 @@ pub async fn publish(
                 Some(tokio::time::Instant::now() + RETRY)
             }
         };
+    }
+    if let OnStop::KeepForSuccessor {
+        plugin_dir,
+        own_socket,
+    } = &on_stop
+        && super::handover::Peers::new(plugin_dir, own_socket)
+            .any_serving()
+            .await
+    {
+        info!(node = %node, "another steward agent serves DRA on this node (a roll); its ResourceSlices are left to it");
+        return;
     }
     match publisher.sync(&[]).await {
         Ok(n) => info!(node = %node, deleted = n, "ResourceSlices of this node removed"),
