@@ -130,7 +130,9 @@ impl Attacks {
 /// B's name, its status entry of B rewritten; a SlotClaim of B created,
 /// moved or deleted; a ResourceSlice of B created, updated or deleted, and a
 /// slice of another driver; B's handler entry in a Configuration's status;
-/// with node A's resource manager token, Node B's labels and status; and
+/// with node A's resource manager token, node B's `cpu.steward.dev`
+/// ResourceSlice emptied, deleted or forged, a slice of the agent's driver,
+/// and Node B's labels and status; and
 /// a Secret outside the namespaces the agent may read. A token bound to no
 /// pod writes nothing. The same tokens still write their own node's
 /// objects (so the policies refuse what they must, not everything).
@@ -415,6 +417,68 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
     // The resource manager of node A: Node B's labels and status.
     let (rm_pod, rm_sa) = pod_on(&cluster, "nri-plugin", Some(&a));
     let rm_a = client_as(&cluster, &rm_sa, Some(&rm_pod)).await;
+
+    // The resource manager's ResourceSlices (driver cpu.steward.dev, with
+    // resourceManager.dra.enabled): node B's CPUs are not node A's to
+    // change, and node A's resource manager publishes no other driver.
+    let rm_slices: Api<ResourceSlice> = Api::all(rm_a.clone());
+    let cpu_slice_b = eventually(
+        "a cpu.steward.dev ResourceSlice of node B",
+        Duration::from_secs(60),
+        || async {
+            admin_slices
+                .list(&ListParams::default().fields(&format!("spec.nodeName={b}")))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|s| s.spec.driver == "cpu.steward.dev")
+        },
+    )
+    .await;
+    let cpu_slice_name = cpu_slice_b.metadata.name.clone().unwrap();
+    attacks
+        .check(
+            "take node B's CPUs out of its cpu.steward.dev ResourceSlice",
+            || async {
+                // Read with the admin's token: the resource manager may
+                // not even get another node's slice; the update is its own.
+                let mut s = admin_slices.get(&cpu_slice_name).await?;
+                s.spec.devices = Some(Vec::new());
+                rm_slices.replace(&cpu_slice_name, &pp, &s).await
+            },
+        )
+        .await;
+    attacks
+        .check("delete node B's cpu.steward.dev ResourceSlice", || async {
+            rm_slices
+                .delete(&cpu_slice_name, &DeleteParams::default())
+                .await
+        })
+        .await;
+    let mut forged_cpus = cpu_slice_b.clone();
+    forged_cpus.metadata = kube::api::ObjectMeta {
+        name: Some(format!("forged-cpus-{b}")),
+        ..Default::default()
+    };
+    forged_cpus.spec.pool.name = format!("forged-cpus-{b}");
+    attacks
+        .check("create a cpu.steward.dev ResourceSlice of node B", || {
+            rm_slices.create(&pp, &forged_cpus)
+        })
+        .await;
+    let mut forged_devices = forged_cpus.clone();
+    forged_devices.metadata.name = Some(format!("forged-devices-{a}"));
+    forged_devices.spec.node_name = Some(a.clone());
+    forged_devices.spec.driver = "steward.dev".into();
+    forged_devices.spec.pool.name = format!("forged-devices-{a}");
+    attacks
+        .check(
+            "create a steward.dev (the agent's driver) ResourceSlice on node A as its resource manager",
+            || rm_slices.create(&pp, &forged_devices),
+        )
+        .await;
+
     let nodes: Api<Node> = Api::all(rm_a);
     let label = |v: &str| json!({"metadata": {"labels": {"steward.dev/test-isolation": v}}});
     nodes
@@ -449,6 +513,11 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
         .await
         .unwrap();
     assert_eq!(now_b.spec, inst_b.spec, "node B's Instance spec changed");
+    let now_cpus = admin_slices.get(&cpu_slice_name).await.unwrap();
+    assert_eq!(
+        now_cpus.spec.devices, cpu_slice_b.spec.devices,
+        "node B's CPUs changed in its ResourceSlice"
+    );
     let now_claim = admin_claims.get(&claim_name).await.unwrap();
     assert_eq!(now_claim.spec.node, b, "node B's SlotClaim moved");
     let node_b = Api::<Node>::all(cluster.client.clone())
