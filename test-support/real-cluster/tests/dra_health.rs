@@ -93,7 +93,9 @@ fn health_in_pod(pod: &Value) -> Option<String> {
 /// device and the free one), and a new claim for it is not allocated; the
 /// fault turning transient makes the taint's effect `None` and the claim is
 /// allocated; the device recovering removes the taint and kubelet shows it
-/// Healthy again — the first pod never restarted.
+/// Healthy again — the first pod never restarted. The device plugin of the
+/// same Instance agrees: kubelet's device manager offers no slot of the
+/// device while the fault is fatal, and both once it is healthy and free.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_faulty_device_reaches_the_pod_is_tainted_by_kind_and_recovers() {
     let cluster = Cluster::connect().await;
@@ -173,6 +175,10 @@ async fn a_faulty_device_reaches_the_pod_is_tainted_by_kind_and_recovers() {
     )
     .await;
     assert_eq!(unhealthy_taint(&cluster, &pool, &free), Some(None));
+    // The device plugin's view of the same slots: the one the claim holds
+    // is not offered, the free one is.
+    let resource = format!("steward.dev/{name}");
+    cluster.wait_allocatable(&node, &resource, 1).await;
 
     // A fatal fault on the pod's node.
     let host_file = cluster
@@ -197,6 +203,10 @@ async fn a_faulty_device_reaches_the_pod_is_tainted_by_kind_and_recovers() {
         },
     )
     .await;
+
+    // The device plugin reports the free slot Unhealthy too: kubelet's
+    // device manager offers none of a fatally faulty device.
+    cluster.wait_allocatable(&node, &resource, 0).await;
 
     // A new claim for the faulty device: not allocated, its pod not placed.
     cluster.apply(
@@ -279,5 +289,9 @@ async fn a_faulty_device_reaches_the_pod_is_tainted_by_kind_and_recovers() {
         p["status"]["containerStatuses"][0]["restartCount"], 0,
         "{p}"
     );
+    // Both pods gone: the healthy device's two slots are offered again
+    // through the device plugin.
+    cluster.kubectl(&["delete", "pods", "--all", "-n", &ns.name, "--wait=false"]);
+    cluster.wait_allocatable(&node, &resource, 2).await;
     let _ = std::fs::remove_file(&host_file);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use steward_core::Millis;
+use steward_core::dra::{DeviceFault, FaultKind};
 use steward_core::slots::{Health, SlotAllocator};
 use steward_proto::deviceplugin::v1beta1::{Device, HEALTHY, NumaNode, TopologyInfo, UNHEALTHY};
 use tokio::sync::watch;
@@ -32,20 +33,25 @@ pub struct State {
 }
 
 impl State {
+    /// The Instance's slots as ListAndWatch sends them: Unhealthy when the
+    /// ledger says so, and every one while discovery reports a fatal fault
+    /// of the device (as its DRA devices are tainted NoSchedule), so
+    /// kubelet's device manager admits no new pod onto it; a transient
+    /// fault keeps them Healthy (its taint's effect is None).
     fn devices(&self, instance: &str) -> Vec<Device> {
-        let numa = self
-            .instances
-            .get(instance)
-            .map(|i| i.numa.clone())
-            .unwrap_or_default();
+        let served = self.instances.get(instance);
+        let numa = served.map(|i| i.numa.clone()).unwrap_or_default();
+        let fatal = served
+            .and_then(|i| DeviceFault::of_properties(&i.properties))
+            .is_some_and(|f| f.kind == FaultKind::Fatal);
         self.ledger
             .health(instance)
             .into_iter()
             .map(|(id, health)| Device {
                 id,
                 health: match health {
-                    Health::Healthy => HEALTHY,
-                    Health::Unhealthy => UNHEALTHY,
+                    Health::Healthy if !fatal => HEALTHY,
+                    Health::Healthy | Health::Unhealthy => UNHEALTHY,
                 }
                 .to_owned(),
                 topology: (!numa.is_empty()).then(|| TopologyInfo {
