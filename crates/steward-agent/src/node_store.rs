@@ -1,6 +1,6 @@
 //! The node's embedded store (a redb file in the state directory): persisted
 //! handler registrations, in standalone mode the Instances, and the node's
-//! durable slot-claim ledger.
+//! slot claims (the claim table).
 //!
 //! The store carries its format in a meta table ([`FORMAT`]). A store from
 //! before the marker (steward 0.1.0) holds format 1 and is stamped when
@@ -24,7 +24,7 @@ pub const STATE_FILE: &str = "steward.redb";
 const REGISTRATIONS: TableDefinition<&str, bool> = TableDefinition::new("discovery_registrations");
 /// Standalone Instances: `namespace/name` → JSON-encoded [`Instance`].
 const INSTANCES: TableDefinition<&str, &str> = TableDefinition::new("instances");
-/// Slot claims of the node's durable ledger: slot id → JSON-encoded
+/// The claim table, this node's slot claims: slot id → JSON-encoded
 /// [`Claim`]. Created by the first claim write (read as empty before that).
 const SLOT_CLAIMS: TableDefinition<&str, &str> = TableDefinition::new("slot_claims");
 

@@ -1,4 +1,5 @@
-//! The node-local durable ledger: claims in the node store (redb).
+//! The node-local claim table: this node's slot claims in the node store
+//! (redb).
 
 use steward_core::slots::Claim;
 

@@ -8,17 +8,19 @@
 //!
 //! # Stores
 //!
-//! * [`LocalClaimStore`] — the node's durable ledger: a table of the node
+//! * [`LocalClaimStore`] — the node's claim table: a table of the node
 //!   store, each write one fsync'd redb transaction.
 //! * [`KubeClaimStore`] — the cluster: one `SlotClaim` object per slot,
 //!   named after the slot, in the Instance's namespace (see [`kube`] for
-//!   the write protocol and garbage collection), and [`watch_claims`] to
-//!   learn other nodes' claims.
+//!   the write protocol and garbage collection; the [`InstanceDirectory`]
+//!   says where each Instance lives), and [`watch_claims`] to learn other
+//!   nodes' claims.
 //!
 //! The measured alternative — claims as usage entries in
 //! `Instance.status.slots` — lives with the benchmark that compares the two
 //! (`benches/support/instance_status.rs`); the agent does not ship it.
 
+mod instances;
 pub mod kube;
 mod local;
 

@@ -99,7 +99,7 @@ impl<L: ClaimStore, C: ClaimStore> SlotKeeper<L, C> {
     /// `what` names its devices in errors, formatted only then)
     /// durable — local store, then the cluster — and commits it; on any
     /// failure the plan is rolled back and the error says why. A cluster
-    /// found unreachable mid-way is retried once against the local ledger
+    /// found unreachable mid-way is retried once against the local store
     /// only (unshared devices go ahead, shared ones fail closed).
     pub(crate) async fn claim_durably(
         &self,

@@ -27,6 +27,7 @@ mod index;
 mod model;
 #[cfg(test)]
 mod proptests;
+mod reseat;
 
 pub use cpus::{EXCLUSIVE_CPUS_RESOURCE, NODE_CPUS_ANNOTATION, NodeCpus, best_numa};
 pub use decider::ReservationDecider;

@@ -2,6 +2,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use std::collections::HashMap;
 
 fn pod<'a>(annotations: &'a BTreeMap<String, String>, parent: &'static str) -> PodFacts<'a> {
     PodFacts {
