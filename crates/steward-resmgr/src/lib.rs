@@ -34,6 +34,7 @@ pub mod config;
 pub mod control;
 pub mod dra;
 pub mod error;
+pub mod kubelet_cpus;
 pub mod manager;
 pub mod metrics;
 pub mod node_publisher;

@@ -51,6 +51,13 @@ pub struct ManagerArgs {
     /// show the whole node.
     #[arg(long)]
     pod_resources_socket: Option<PathBuf>,
+    /// kubelet's own pod resources socket, asked at start whether kubelet's
+    /// CPU manager assigns CPUs itself (policy static): then this resource
+    /// manager refuses to start, since the two would rewrite each other's
+    /// cpusets. Not given, or kubelet not answering: not checked (a
+    /// warning says so).
+    #[arg(long)]
+    kubelet_pod_resources_socket: Option<PathBuf>,
 }
 
 impl ManagerArgs {
@@ -67,6 +74,9 @@ impl ManagerArgs {
         component: &'static str,
         why: &'static str,
     ) -> anyhow::Result<(ManagerConfig, Readiness)> {
+        if let Some(socket) = &self.kubelet_pod_resources_socket {
+            check_kubelet_cpus(socket).await?;
+        }
         let mut cfg = ManagerConfig::new(self.state_dir);
         cfg.config_file = self.config;
         cfg.allow_policy_switch = self.allow_policy_switch;
@@ -92,4 +102,20 @@ impl ManagerArgs {
         }
         Ok((cfg, readiness))
     }
+}
+
+/// Refuses to run beside a kubelet whose CPU manager pins; a kubelet that
+/// does not answer (not started yet, an older one) is a warning.
+async fn check_kubelet_cpus(socket: &std::path::Path) -> anyhow::Result<()> {
+    use steward_resmgr::kubelet_cpus;
+    match kubelet_cpus::ask(socket, Duration::from_secs(10)).await {
+        Ok(verdict) => {
+            verdict.check(socket)?;
+            tracing::info!(socket = %socket.display(), "kubelet's CPU manager assigns no CPU (policy none): the cpusets are this resource manager's");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "not checked whether kubelet's CPU manager assigns CPUs itself (it must be policy none)");
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use steward_real_cluster::{BUSYBOX, Cluster, cpus_of, eventually};
 
-/// Proves: on a node whose kubelet pins nothing (CPU manager `none`), a
+/// Proves: the resource manager finds, on the real kubelet's own pod
+/// resources API, that kubelet pins nothing (CPU manager `none`); there a
 /// Guaranteed pod asking one whole CPU gets one CPU of its own — its
 /// container's cgroup cpuset (read inside the container through the real
 /// kubelet's exec) is one CPU — and a BestEffort pod already running on the
@@ -21,6 +22,25 @@ async fn guaranteed_pods_are_pinned_by_the_nri_plugin_under_the_real_kubelet() {
     let node = cluster.nodes[0].clone();
     let all = cpus_of(&std::fs::read_to_string("/sys/fs/cgroup/cpuset/cpuset.cpus").unwrap());
     assert!(all.len() >= 2, "the machine needs two CPUs, has {all:?}");
+    // Each resource manager asked the real kubelet's pod resources API at
+    // its start whether kubelet's CPU manager pins, and was told it does not.
+    let pods = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        &cluster.release_namespace,
+        "-l",
+        "app.kubernetes.io/component=nri-plugin",
+        "-o",
+        "name",
+    ]);
+    for pod in pods.split_whitespace() {
+        let logs = cluster.kubectl(&["logs", "-n", &cluster.release_namespace, pod]);
+        assert!(
+            logs.contains("kubelet's CPU manager assigns no CPU (policy none)"),
+            "{pod} did not check kubelet's CPU manager: {logs}"
+        );
+    }
 
     cluster
         .create_pod(&ns.name, pod("shared", &node, json!(null)))

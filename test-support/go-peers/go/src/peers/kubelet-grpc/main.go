@@ -11,6 +11,11 @@
 //	    way kubelet reports it. Keeps serving until stdin closes.
 //	kubelet-grpc podresources -socket S [-namespace NS -pod P]
 //	    a pod resources v1 client: List, Get, GetAllocatableResources.
+//	kubelet-grpc podresources-server -socket S [-cpus 0,1,...]
+//	    kubelet's pod resources v1 server with no pod: GetAllocatableResources
+//	    lists -cpus as cpu_ids, as kubelet's CPU manager answers it (none
+//	    with policy none; its allocatable CPUs with policy static). Keeps
+//	    serving until stdin closes.
 //	kubelet-grpc dra -registration-socket R [-driver D] [-register] [-prepare|-unprepare] -claim NS/NAME/UID...
 //	    kubelet's plugin watcher and DRA manager: GetInfo,
 //	    NotifyRegistrationStatus, NodePrepareResources, NodeUnprepareResources.
@@ -31,6 +36,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,7 +79,7 @@ func fail(what string, err error) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kubelet-grpc deviceplugin|podresources|dra [flags]")
+		fmt.Fprintln(os.Stderr, "usage: kubelet-grpc deviceplugin|podresources|podresources-server|dra [flags]")
 		os.Exit(64)
 	}
 	switch os.Args[1] {
@@ -81,6 +87,8 @@ func main() {
 		devicePlugin(os.Args[2:])
 	case "podresources":
 		podResources(os.Args[2:])
+	case "podresources-server":
+		podResourcesServer(os.Args[2:])
 	case "dra":
 		dra(os.Args[2:])
 	default:
@@ -173,6 +181,7 @@ type allocations struct {
 	mu          sync.Mutex
 	pods        map[[2]string]map[string]map[string][]string // (ns, name) -> container -> resource -> ids
 	allocatable map[string][]string                          // resource -> healthy ids
+	cpus        []int64                                      // the CPU manager's allocatable CPUs
 }
 
 func (a *allocations) podResources(key [2]string) *pr.PodResources {
@@ -216,11 +225,38 @@ func (a *allocations) Get(ctx context.Context, req *pr.GetPodResourcesRequest) (
 func (a *allocations) GetAllocatableResources(ctx context.Context, req *pr.AllocatableResourcesRequest) (*pr.AllocatableResourcesResponse, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	resp := &pr.AllocatableResourcesResponse{}
+	resp := &pr.AllocatableResourcesResponse{CpuIds: a.cpus}
 	for res, ids := range a.allocatable {
 		resp.Devices = append(resp.Devices, &pr.ContainerDevices{ResourceName: res, DeviceIds: ids})
 	}
 	return resp, nil
+}
+
+func podResourcesServer(args []string) {
+	fs := flag.NewFlagSet("podresources-server", flag.ExitOnError)
+	socket := fs.String("socket", "", "serve kubelet's pod resources v1 here")
+	cpus := fs.String("cpus", "", "comma separated CPU ids GetAllocatableResources lists")
+	_ = fs.Parse(args)
+	if *socket == "" {
+		fail("flags", errors.New("-socket is required"))
+	}
+	state := &allocations{pods: map[[2]string]map[string]map[string][]string{}, allocatable: map[string][]string{}}
+	for _, c := range strings.Split(*cpus, ",") {
+		if c == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(c, 10, 64)
+		if err != nil {
+			fail("flags", err)
+		}
+		state.cpus = append(state.cpus, n)
+	}
+	srv := grpc.NewServer()
+	pr.RegisterPodResourcesListerServer(srv, state)
+	l := listenUnix(*socket)
+	go func() { _ = srv.Serve(l) }()
+	emit("listening", map[string]interface{}{"socket": *socket, "cpus": state.cpus})
+	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 func devicePlugin(args []string) {
