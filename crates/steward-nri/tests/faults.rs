@@ -1,6 +1,6 @@
 //! Faults and bad input at the NRI wire, against a real containerd 2.1.9
-//! (private instance, see `support`), pods run by a CRI client of the
-//! test's own:
+//! (private instance: the containerd harness's `Containerd2`), pods run by
+//! a CRI client of the test's own:
 //!
 //! * a second plugin registering with an index and name already in use:
 //!   containerd 2.1.9 accepts it and calls both (it checks nothing), so
@@ -10,8 +10,6 @@
 //!   of it (checked inside the container).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
-
-mod support;
 
 use std::time::Duration;
 
@@ -82,10 +80,10 @@ async fn env_inside(
 /// with the second, and that the first keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_plugin_with_the_same_index_and_name() {
-    let Some(bin) = support::bin_dir_or_skip("faults") else {
+    let Some(bin) = harness::bin_dir_or_skip("faults") else {
         return;
     };
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let first = Session::start(
         SessionConfig::new(ctrd.nri_sock(), "steward-test", "10"),
@@ -156,10 +154,10 @@ async fn a_second_plugin_with_the_same_index_and_name() {
 /// every variable reaches the container.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_over_the_runtimes_read_size_is_applied_whole() {
-    let Some(bin) = support::bin_dir_or_skip("faults") else {
+    let Some(bin) = harness::bin_dir_or_skip("faults") else {
         return;
     };
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let big = env("STEWARD_BIG", 300, 48);
     let session = Session::start(

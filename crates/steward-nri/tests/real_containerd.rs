@@ -10,8 +10,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
-mod support;
-
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -160,10 +158,10 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with() {
-    let Some(bin) = support::bin_dir_or_skip("real_containerd") else {
+    let Some(bin) = harness::bin_dir_or_skip("real_containerd") else {
         return;
     };
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let recorder = Recorder {
         tx,
@@ -324,10 +322,10 @@ async fn a_cpuset_answered_on_create_container_is_what_the_container_runs_with()
 /// (fail-open) -- what the resource manager must detect and repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_answer_is_dropped_and_the_container_runs_unpinned() {
-    let Some(bin) = support::bin_dir_or_skip("real_containerd") else {
+    let Some(bin) = harness::bin_dir_or_skip("real_containerd") else {
         return;
     };
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let recorder = Recorder {
         tx,

@@ -358,7 +358,7 @@ async fn cpus_are_published_prepared_as_cdi_devices_and_unprepared_over_kubelets
     assert!(!plugin.manager().cpu_claims().await.contains_key(&good));
     plugin.shutdown().await;
 
-    // Only what the chart grants (crates/steward/src/chart_tests/dra_cpus.rs
+    // Only what the chart grants (crates/steward/tests/chart/dra_cpus.rs
     // checks the chart's rules are exactly these).
     let granted = [
         ("resourceslices", "list"),

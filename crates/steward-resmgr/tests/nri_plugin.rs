@@ -1,6 +1,6 @@
 //! `steward nri-plugin`'s resource manager against a real containerd 2.1.9
-//! (private instance, see steward-nri's test support), pods run by a CRI
-//! client of the test's own: an exclusive container is pinned (cgroup
+//! (private instance: the containerd harness's `Containerd2`), pods run by
+//! a CRI client of the test's own: an exclusive container is pinned (cgroup
 //! `cpuset.cpus` and `Cpus_allowed_list` inside), the shared pool shrinks
 //! for another running container and grows back when the exclusive one is
 //! removed, a refusal reaches the CRI caller with its reason; assignments
@@ -13,9 +13,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[path = "../../steward-nri/tests/support/mod.rs"]
-mod support;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,7 +37,7 @@ fn online() -> CpuSet {
     CpuSet::parse(s.trim()).unwrap()
 }
 
-fn plugin_config(ctrd: &support::Containerd2, dir: &Path) -> NriConfig {
+fn plugin_config(ctrd: &harness::Containerd2, dir: &Path) -> NriConfig {
     std::fs::create_dir_all(dir).unwrap();
     let file = dir.join("config.yaml");
     std::fs::write(&file, "policy: { active: static }").unwrap();
@@ -55,7 +52,7 @@ fn plugin_config(ctrd: &support::Containerd2, dir: &Path) -> NriConfig {
     nri
 }
 
-async fn start_plugin(ctrd: &support::Containerd2, dir: &Path, n: u64) -> NriPlugin {
+async fn start_plugin(ctrd: &harness::Containerd2, dir: &Path, n: u64) -> NriPlugin {
     start(ctrd, plugin_config(ctrd, dir), n).await
 }
 
@@ -85,7 +82,7 @@ async fn cluster() -> ApiServer {
 
 /// A plugin in cluster mode on `api` (Events on Pods, the Node published).
 async fn start_plugin_in(
-    ctrd: &support::Containerd2,
+    ctrd: &harness::Containerd2,
     dir: &Path,
     n: u64,
     api: &ApiServer,
@@ -98,7 +95,7 @@ async fn start_plugin_in(
     start(ctrd, cfg, n).await
 }
 
-async fn start(ctrd: &support::Containerd2, cfg: NriConfig, n: u64) -> NriPlugin {
+async fn start(ctrd: &harness::Containerd2, cfg: NriConfig, n: u64) -> NriPlugin {
     let plugin = NriPlugin::start(cfg).await.expect("plugin starts");
     assert!(
         plugin.registered(n, Duration::from_secs(20)).await,
@@ -125,11 +122,11 @@ fn report_times(what: &str, times: &[Duration]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_containers_are_pinned_and_the_shared_pool_follows() {
-    let Some(bin) = support::bin_dir_or_skip("nri_plugin") else {
+    let Some(bin) = harness::bin_dir_or_skip("nri_plugin") else {
         return;
     };
     init_tracing();
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let dir = tempfile::tempdir().unwrap();
     let plugin = start_plugin(&ctrd, dir.path(), 1).await;
     let (mut rt, _img) = harness::cri_client(ctrd.sock()).await.expect("CRI client");
@@ -236,11 +233,11 @@ async fn exclusive_containers_are_pinned_and_the_shared_pool_follows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_survive_a_plugin_kill_a_runtime_restart_and_fail_open() {
-    let Some(bin) = support::bin_dir_or_skip("nri_plugin") else {
+    let Some(bin) = harness::bin_dir_or_skip("nri_plugin") else {
         return;
     };
     init_tracing();
-    let mut ctrd = support::Containerd2::start(bin);
+    let mut ctrd = harness::Containerd2::start(bin);
     let dir = tempfile::tempdir().unwrap();
     let plugin = start_plugin(&ctrd, dir.path(), 1).await;
     let (mut rt, _img) = harness::cri_client(ctrd.sock()).await.expect("CRI client");

@@ -9,9 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[path = "../../steward-nri/tests/support/mod.rs"]
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,7 +17,7 @@ use steward_resmgr::ManagerConfig;
 use steward_resmgr::nri::{NriConfig, NriPlugin};
 use steward_testing_containerd as harness;
 
-fn plugin_config(ctrd: &support::Containerd2, dir: &Path) -> NriConfig {
+fn plugin_config(ctrd: &harness::Containerd2, dir: &Path) -> NriConfig {
     let file = dir.join("config.yaml");
     std::fs::write(&file, "policy: { active: static }").unwrap();
     let mut cfg = ManagerConfig::new(dir.join("state"));
@@ -45,11 +42,11 @@ async fn gone(plugin: &NriPlugin, sid: &str, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_from_before_a_runtime_restart_is_forgotten_when_removed() {
-    let Some(bin) = support::bin_dir_or_skip("nri_pod_removal") else {
+    let Some(bin) = harness::bin_dir_or_skip("nri_pod_removal") else {
         return;
     };
     init_tracing();
-    let mut ctrd = support::Containerd2::start(bin);
+    let mut ctrd = harness::Containerd2::start(bin);
     let dir = tempfile::tempdir().unwrap();
     let plugin = NriPlugin::start(plugin_config(&ctrd, dir.path()))
         .await

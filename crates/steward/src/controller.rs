@@ -106,7 +106,7 @@ impl ControllerArgs {
     /// The direct path as `--decide-listen` and `--decide-advertise` ask
     /// for it (`None`: off), refused before anything starts when it could
     /// not work.
-    pub(crate) fn decide(&self) -> anyhow::Result<Option<DecideConfig>> {
+    pub fn decide(&self) -> anyhow::Result<Option<DecideConfig>> {
         let advertise = self.decide_advertise.as_deref();
         let Some(listen) = self.decide_listen else {
             anyhow::ensure!(
@@ -160,7 +160,7 @@ impl ControllerArgs {
 
     /// How `/v1/decide` is served over HTTPS, the files read now (`None`:
     /// plain HTTP).
-    pub(crate) fn decide_tls(&self) -> anyhow::Result<Option<DecideTls>> {
+    pub fn decide_tls(&self) -> anyhow::Result<Option<DecideTls>> {
         let (Some(cert), Some(key)) = (&self.decide_tls_cert_file, &self.decide_tls_key_file)
         else {
             return Ok(None);

@@ -87,7 +87,7 @@ pub struct ExtenderArgs {
 
 impl ExtenderArgs {
     /// The Lease the leader is followed on (`None`: `--no-direct`).
-    pub(crate) fn leader(&self) -> Option<LeaderLease> {
+    pub fn leader(&self) -> Option<LeaderLease> {
         (!self.no_direct).then(|| LeaderLease {
             namespace: self.leader_lease_namespace.clone(),
             name: self.leader_lease_name.clone(),
@@ -96,7 +96,7 @@ impl ExtenderArgs {
 
     /// How the leader is authenticated on the direct path, the CA file
     /// read now (`None`: it is not, plain HTTP).
-    pub(crate) fn decide_trust(&self) -> anyhow::Result<Option<DecideTrust>> {
+    pub fn decide_trust(&self) -> anyhow::Result<Option<DecideTrust>> {
         let (Some(ca), Some(name)) = (&self.decide_ca_file, &self.decide_server_name) else {
             return Ok(None);
         };

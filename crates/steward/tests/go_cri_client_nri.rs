@@ -23,7 +23,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[path = "common/go_cri.rs"]
 mod go_cri;
 
 use std::collections::HashMap;

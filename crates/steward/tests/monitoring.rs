@@ -25,6 +25,7 @@ use std::process::{Command, Output};
 
 use common::{Cluster, NS, Proc, configuration, echo_details, eventually};
 use serde_json::Value;
+use steward_e2e::chart::{NAMESPACE as CHART_NS, chart_dir, documents, template, template_with};
 use steward_testing_apiserver::ApiServer;
 use steward_testing_apiserver::kube_tools::{self, KubeTools};
 use steward_testing_apiserver::kubectl::Kubectl;
@@ -32,19 +33,13 @@ use steward_testing_apiserver::kubectl::Kubectl;
 use exposition::{Exported, free_addr, lint, scrape};
 
 const PROMTOOL_ENV: &str = "STEWARD_PROMTOOL";
-/// Namespace the chart is rendered into.
-const CHART_NS: &str = "steward-system";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn chart() -> PathBuf {
-    root().join("deploy/helm/steward")
-}
-
 fn files() -> PathBuf {
-    chart().join("files")
+    chart_dir().join("files")
 }
 
 fn in_ci() -> bool {
@@ -242,58 +237,6 @@ fn every_alert_has_a_runbook_section() {
     }
 }
 
-/// `helm template t` of the chart with `sets`, by the helm of every pair of
-/// `kube_tools` (the helm beside kubectl 1.35 and beside 1.37): the first
-/// helm's text; each must render the same objects.
-fn render(sets: &[&str], include_crds: bool) -> String {
-    let mut first: Option<(PathBuf, String)> = None;
-    for tools in kube_tools::all() {
-        let text = render_with(&tools.helm, sets, include_crds);
-        match &first {
-            None => first = Some((tools.helm, text)),
-            // The same objects (the text around them differs between
-            // helm 4 releases).
-            Some((helm, want)) => assert!(
-                documents(want) == documents(&text),
-                "{} and {} render {sets:?} differently",
-                helm.display(),
-                tools.helm.display()
-            ),
-        }
-    }
-    first.map(|(_, t)| t).unwrap_or_default()
-}
-
-/// `helm template t` of the chart with `sets`, by `helm`.
-fn render_with(helm: &Path, sets: &[&str], include_crds: bool) -> String {
-    let mut cmd = Command::new(helm);
-    cmd.args(["template", "t"])
-        .arg(chart())
-        .args(["--namespace", CHART_NS]);
-    if include_crds {
-        cmd.arg("--include-crds");
-    }
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = run(&mut cmd);
-    assert!(
-        out.status.success(),
-        "{} template {sets:?}: {}",
-        helm.display(),
-        text(&out)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn documents(text: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple::<Value>(text)
-        .unwrap()
-        .into_iter()
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 const MONITORING: [&str; 3] = [
     "monitoring.podMonitors.enabled=true",
     "monitoring.prometheusRule.enabled=true",
@@ -316,7 +259,7 @@ fn everything_on() -> Vec<&'static str> {
 
 #[test]
 fn monitoring_is_off_by_default() {
-    let docs = documents(&render(&[], false));
+    let docs = documents(&template(&[], false));
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert!(!kinds.contains(&"PodMonitor"), "{kinds:?}");
     assert!(!kinds.contains(&"PrometheusRule"), "{kinds:?}");
@@ -330,7 +273,7 @@ fn the_chart_ships_the_tested_rules_the_dashboard_and_a_monitor_per_metrics_endp
         sets.push(&t);
         sets.push("monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example/steward.html");
         sets.push("monitoring.podMonitors.labels.release=prom");
-        let docs = documents(&render(&sets, false));
+        let docs = documents(&template(&sets, false));
 
         // The PrometheusRule is files/alerts.yaml, the runbook base swapped.
         let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
@@ -439,7 +382,7 @@ async fn apply_monitoring(k: &Kubectl, t: &KubeTools) {
         .join("tests/fixtures/prometheus-operator-crds.yaml");
     let out = k.ok(&["apply", "-f", crds.to_str().unwrap()]).await;
     assert_eq!(out.lines().count(), 2, "{out}");
-    let text = render_with(&t.helm, &everything_on(), true);
+    let text = template_with(&t.helm, &everything_on(), true);
     let file = k.dir().join("rendered.yaml");
     std::fs::write(&file, &text).unwrap();
     let applied = k.ok(&["apply", "-f", file.to_str().unwrap()]).await;

@@ -1,6 +1,6 @@
 //! The real `steward nri-plugin` process against a private containerd
-//! 2.1.9 (steward-nri's test support), pods run by a CRI client of the
-//! test's own: killed with SIGKILL while it holds an exclusive container
+//! 2.1.9 (the containerd harness's `Containerd2`), pods run by a CRI client
+//! of the test's own: killed with SIGKILL while it holds an exclusive container
 //! and a shared one, then started again on the same state directory, it is
 //! synchronised and keeps every assignment: the cgroups stay as they were,
 //! the exclusive CPU is given to no one else, and removing the exclusive
@@ -8,37 +8,18 @@
 //! NRI socket (containerd 1.6) it says so once, naming the fix.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../steward-nri/tests/support/mod.rs"]
-mod support;
+mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
 use steward_testing_containerd as harness;
-use tokio::process::{Child, Command};
-
-const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
+use tokio::process::Child;
 
 fn start(dir: &Path, nri: &Path, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(STEWARD)
-        .args(["nri-plugin", "--log", "info"])
-        .arg("--nri-socket")
-        .arg(nri)
-        .args(["--nri-name", "steward-crash"])
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .args(["--verify-interval", "0s"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    common::spawn_logging(common::nri_plugin(dir, nri, "steward-crash"), log).unwrap()
 }
 
 fn online() -> CpuSet {
@@ -124,16 +105,16 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_survive_a_kill_9_of_the_plugin() {
-    let Some(bin) = support::bin_dir_or_skip("nri_plugin_crash") else {
+    let Some(bin) = harness::bin_dir_or_skip("nri_plugin_crash") else {
         return;
     };
-    let ctrd = support::Containerd2::start(bin);
+    let ctrd = harness::Containerd2::start(bin);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.yaml"), "policy: { active: static }").unwrap();
     let log1: PathBuf = dir.path().join("plugin1.log");
     let mut plugin = start(dir.path(), &ctrd.nri_sock(), &log1);
-    support::wait_log(&log1, "registered as an NRI plugin", 1).await;
-    support::wait_log(&log1, "synchronized with the runtime", 1).await;
+    harness::wait_log(&log1, "registered as an NRI plugin", 1).await;
+    harness::wait_log(&log1, "synchronized with the runtime", 1).await;
 
     let (mut rt, _img) = harness::cri_client(ctrd.sock()).await.unwrap();
     let sa = harness::pod_sandbox_config(&ctrd.cgroup_parent, "shared", harness::PodNetwork::Host);
@@ -152,8 +133,8 @@ async fn assignments_survive_a_kill_9_of_the_plugin() {
     plugin.wait().await.unwrap();
     let log2 = dir.path().join("plugin2.log");
     let _plugin = start(dir.path(), &ctrd.nri_sock(), &log2);
-    support::wait_log(&log2, "registered as an NRI plugin", 1).await;
-    support::wait_log(&log2, "synchronized with the runtime", 1).await;
+    harness::wait_log(&log2, "registered as an NRI plugin", 1).await;
+    harness::wait_log(&log2, "synchronized with the runtime", 1).await;
     assert_eq!(cpuset(&sb, &b), excl, "kept across the kill");
     assert_eq!(cpuset(&sa, &a), rest, "kept across the kill");
     assert_eq!(inside(&mut rt, &b).await, excl);
@@ -199,7 +180,7 @@ async fn without_an_nri_socket_it_says_so_once_naming_the_fix() {
     std::fs::write(dir.path().join("config.yaml"), "policy: { active: none }").unwrap();
     let log = dir.path().join("plugin.log");
     let mut plugin = start(dir.path(), &dir.path().join("nri.sock"), &log);
-    support::wait_log(&log, "no NRI socket at", 1).await;
+    harness::wait_log(&log, "no NRI socket at", 1).await;
     // Retries (every second) stay quiet.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     plugin.start_kill().unwrap();

@@ -6,39 +6,23 @@
 //! lock), a new one starts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../steward-nri/tests/support/mod.rs"]
-mod support;
+mod common;
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use steward_testing_containerd::wait_log;
 use tokio::process::{Child, Command};
 
-const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
-
 fn command(dir: &Path, index: &str) -> Command {
-    let mut c = Command::new(STEWARD);
-    c.args(["nri-plugin", "--log", "info"])
-        .arg("--nri-socket")
-        .arg(dir.join("nri.sock"))
-        .args(["--nri-index", index, "--nri-name", "steward-lock"])
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .args(["--verify-interval", "0s"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+    let mut c = common::nri_plugin(dir, &dir.join("nri.sock"), "steward-lock");
+    c.args(["--nri-index", index]);
     c
 }
 
 fn start(dir: &Path, index: &str, log: &Path) -> Child {
-    command(dir, index)
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+    common::spawn_logging(command(dir, index), log).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,7 +33,7 @@ async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     let mut first = start(dir.path(), "10", &log1);
     let first_pid = first.id().unwrap();
     // Past the lock: it is dialling the (absent) NRI socket.
-    support::wait_log(&log1, "no NRI socket at", 1).await;
+    wait_log(&log1, "no NRI socket at", 1).await;
 
     // Another index does not help: the state directory is the same.
     let second = tokio::time::timeout(
@@ -87,7 +71,7 @@ async fn a_second_plugin_on_the_same_state_directory_refuses_to_start() {
     first.wait().await.unwrap();
     let log3 = dir.path().join("plugin3.log");
     let mut third = start(dir.path(), "10", &log3);
-    support::wait_log(&log3, "no NRI socket at", 1).await;
+    wait_log(&log3, "no NRI socket at", 1).await;
     let holder = std::fs::read_to_string(dir.path().join("state/nri-plugin.lock")).unwrap();
     assert!(
         holder.contains(&format!("pid {} on host", third.id().unwrap())),

@@ -1,8 +1,8 @@
 //! Faults mid-storm for `steward nri-plugin`: the real process attached to
-//! a private containerd 2.1.9 (steward-nri's test support) while a CRI
-//! client of the test's own (straight to containerd, as the kubelet)
-//! creates, starts and removes pods, half of them asking for an exclusive
-//! CPU. Each round injects one fault at a random moment of the storm:
+//! a private containerd 2.1.9 (the containerd harness's `Containerd2`)
+//! while a CRI client of the test's own (straight to containerd, as the
+//! kubelet) creates, starts and removes pods, half of them asking for an
+//! exclusive CPU. Each round injects one fault at a random moment of the storm:
 //!
 //! * even rounds: the plugin gets SIGKILL; the storm goes on without it
 //!   (the runtime then creates containers unadjusted, fail-open) and pods
@@ -30,12 +30,10 @@
 //! run).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../steward-nri/tests/support/mod.rs"]
-mod support;
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -44,9 +42,7 @@ use steward_core::cpu::CpuSet;
 use steward_proto::cri::runtime::v1 as cri;
 use steward_resmgr::cache::{CACHE_FILE, CacheData};
 use steward_testing_containerd as harness;
-use tokio::process::{Child, Command};
-
-const STEWARD: &str = env!("CARGO_BIN_EXE_steward");
+use tokio::process::Child;
 
 /// Every runtime call is bounded: a call cut by a containerd restart must
 /// not hang the storm.
@@ -77,22 +73,7 @@ impl Lcg {
 }
 
 fn start(dir: &Path, nri: &Path, log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(STEWARD)
-        .args(["nri-plugin", "--log", "info"])
-        .arg("--nri-socket")
-        .arg(nri)
-        .args(["--nri-name", "steward-storm"])
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .args(["--verify-interval", "0s"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    common::spawn_logging(common::nri_plugin(dir, nri, "steward-storm"), log).unwrap()
 }
 
 fn container(sandbox: &cri::PodSandboxConfig, exclusive: bool) -> cri::ContainerConfig {
@@ -307,14 +288,14 @@ async fn check(rt: &mut Rt, parent: &str, state: &Path) -> Check {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
-    let Some(bin) = support::bin_dir_or_skip("nri_plugin_storm") else {
+    let Some(bin) = harness::bin_dir_or_skip("nri_plugin_storm") else {
         return;
     };
     let rounds: u64 = std::env::var("STEWARD_FAULT_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4);
-    let mut ctrd = support::Containerd2::start(bin);
+    let mut ctrd = harness::Containerd2::start(bin);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.yaml"),
@@ -325,7 +306,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     let mut starts = 0usize;
     let mut log = dir.path().join("plugin0.log");
     let mut plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-    support::wait_log(&log, "synchronized with the runtime", 1).await;
+    harness::wait_log(&log, "synchronized with the runtime", 1).await;
 
     let mut rng = Lcg(0x5eed_0022);
     let counts = Arc::new(StormCounts::default());
@@ -350,12 +331,12 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
             starts += 1;
             log = dir.path().join(format!("plugin{starts}.log"));
             plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-            support::wait_log(&log, "synchronized with the runtime", 1).await;
+            harness::wait_log(&log, "synchronized with the runtime", 1).await;
         } else {
-            let before = support::count_in_log(&log, "synchronized with the runtime");
+            let before = harness::count_in_log(&log, "synchronized with the runtime");
             tokio::task::block_in_place(|| ctrd.restart());
             restarts += 1;
-            support::wait_log(&log, "synchronized with the runtime", before + 1).await;
+            harness::wait_log(&log, "synchronized with the runtime", before + 1).await;
         }
         // The storm meets the reconnected plugin for a while.
         tokio::time::sleep(Duration::from_millis(300 + rng.next(300))).await;
@@ -405,7 +386,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     }
     let fail_open = (0..=starts)
         .map(|i| {
-            support::count_in_log(
+            harness::count_in_log(
                 &dir.path().join(format!("plugin{i}.log")),
                 "an exclusive container runs without its CPUs",
             )
@@ -425,7 +406,7 @@ async fn plugin_kill_9_and_containerd_restart_mid_storm_lose_nothing() {
     starts += 1;
     log = dir.path().join(format!("plugin{starts}.log"));
     plugin = start(dir.path(), &ctrd.nri_sock(), &log);
-    support::wait_log(&log, "synchronized with the runtime", 1).await;
+    harness::wait_log(&log, "synchronized with the runtime", 1).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let c = check(&mut rt, &ctrd.cgroup_parent, &state).await;

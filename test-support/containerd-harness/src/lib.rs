@@ -17,13 +17,16 @@
 //! containerd 1.6, once to containerd 2.x ([`SOCK_ENV`] and friends point at
 //! it). [`Containerd::runtime_version`] says which one a test talks to;
 //! [`Containerd::cdi_spec_dir`] where a CDI-injecting runtime reads specs.
-//! [`Containerd2`] is a private 2.x instance of a test's own (NRI tests).
+//! [`Containerd2`] is a private 2.x instance of a test's own (NRI tests);
+//! [`wait_log`] waits for a line in a process's log file (an NRI plugin's).
 
 mod containerd2;
+mod logs;
 mod pods;
 mod version;
 
 pub use containerd2::{BIN_ENV as CONTAINERD2_BIN_ENV, Containerd2, bin_dir, bin_dir_or_skip};
+pub use logs::{count_in_log, wait_log};
 pub use pods::{ContainerSpec, ExecOutput, cleanup_pod, exec_sync, run_pod_with_container};
 pub use version::{RuntimeVersion, runtime_version};
 

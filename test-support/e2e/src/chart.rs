@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 use steward_testing_apiserver::kube_tools;
@@ -64,22 +64,11 @@ pub fn template(sets: &[&str], include_crds: bool) -> String {
 
 /// `helm template` of the chart with the helm binary `helm`.
 pub fn template_with(helm: &Path, sets: &[&str], include_crds: bool) -> String {
-    let mut cmd = Command::new(helm);
-    cmd.args(["template", RELEASE])
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE]);
+    let mut cmd = command(helm, "template", sets);
     if include_crds {
         cmd.arg("--include-crds");
     }
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM_135 and STEWARD_HELM_137",
-            helm.display()
-        )
-    });
+    let out = output(helm, &mut cmd);
     assert!(
         out.status.success(),
         "{} template {sets:?} failed: {}",
@@ -87,6 +76,48 @@ pub fn template_with(helm: &Path, sets: &[&str], include_crds: bool) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `helm ACTION` (`template`, of release [`RELEASE`], or `lint`) of the
+/// chart into [`NAMESPACE`] with `sets`, by the helm binary `helm`: what it
+/// printed and how it exited, whatever that was.
+pub fn run(helm: &Path, action: &str, sets: &[&str]) -> Output {
+    output(helm, &mut command(helm, action, sets))
+}
+
+/// `helm template` of the chart with `sets` by the helm binary `helm`,
+/// which must refuse them: what helm printed on stderr (the reason).
+pub fn refused(helm: &Path, sets: &[&str]) -> String {
+    let out = run(helm, "template", sets);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "{} template {sets:?} was accepted",
+        helm.display()
+    );
+    stderr
+}
+
+fn command(helm: &Path, action: &str, sets: &[&str]) -> Command {
+    let mut cmd = Command::new(helm);
+    cmd.arg(action);
+    if action == "template" {
+        cmd.arg(RELEASE);
+    }
+    cmd.arg(chart_dir()).args(["--namespace", NAMESPACE]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd
+}
+
+fn output(helm: &Path, cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM_135 and STEWARD_HELM_137",
+            helm.display()
+        )
+    })
 }
 
 /// The YAML documents of a rendered manifest.

@@ -451,5 +451,38 @@ pub fn spawn_echo_handler(
     Proc::spawn(label, &args, &[], log)
 }
 
+/// `steward nri-plugin` as the NRI plugin tests start it: on the NRI
+/// socket `nri` as plugin `name`, on the state directory `dir/state` with
+/// the configuration `dir/config.yaml`, no periodic verification, logging
+/// at info; stdin and stdout closed, killed when dropped. Its stderr is the
+/// caller's ([`spawn_logging`] sends it to a file).
+pub fn nri_plugin(dir: &Path, nri: &Path, name: &str) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(STEWARD);
+    c.args(["nri-plugin", "--log", "info"])
+        .arg("--nri-socket")
+        .arg(nri)
+        .args(["--nri-name", name])
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--verify-interval", "0s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+/// Starts `cmd` with its stderr written to the file `log` (created anew).
+pub fn spawn_logging(
+    mut cmd: tokio::process::Command,
+    log: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    cmd.stderr(file)
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))
+}
+
 /// The log line `steward discovery-handler` writes after each successful registration.
 pub const REGISTERED: &str = "registered with the agent";

@@ -4,9 +4,9 @@
 //! meanwhile: a container's cgroup cpuset, the CPUs a resource manager
 //! publishes on its pod resources socket.
 //!
-//! Included with `#[path]` by the tests that run the peer (not part of
+//! A module of the tests that run the peer (`mod go_cri;`), not part of
 //! `common`, which the discovery benchmark includes and which never
-//! panics: these helpers do, as test code).
+//! panics: these helpers do, as test code.
 #![allow(dead_code)]
 
 use std::path::Path;

