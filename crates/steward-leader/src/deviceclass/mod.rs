@@ -190,8 +190,12 @@ async fn write_condition(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let Some(mut c) = api.get_opt(&key.name).await? else {
-            return Ok(());
+        // Read through the status subresource: the controller's grant is
+        // get and update of configurations/status, not of Configurations.
+        let mut c = match api.get_status(&key.name).await {
+            Ok(c) => c,
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(e),
         };
         let mut s = c.status.take().unwrap_or_default();
         if s.conditions
