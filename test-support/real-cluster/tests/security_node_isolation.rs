@@ -175,6 +175,25 @@ async fn one_nodes_token_writes_nothing_of_another_node() {
         },
     )
     .await;
+    // Node B's own entry in its Instance's status (written by B's agent
+    // after the Instance, so read again until it is there).
+    let inst_b = eventually(
+        "node B's entry in its Instance's status",
+        Duration::from_secs(60),
+        || async {
+            let i = Api::<Instance>::namespaced(cluster.client.clone(), &ns.name)
+                .get(&name_b)
+                .await
+                .ok()?;
+            i.status
+                .as_ref()?
+                .nodes
+                .iter()
+                .any(|e| e.node == b)
+                .then_some(i)
+        },
+    )
+    .await;
     // Both nodes' handler entries in the Configuration's status.
     let admin_confs: Api<Configuration> = Api::namespaced(cluster.client.clone(), &ns.name);
     eventually(
