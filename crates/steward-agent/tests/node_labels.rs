@@ -13,9 +13,7 @@ use dp::*;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use steward_api::{
-    PodRef, Reservation, ReservationSpec, ReservationStatus, SlotClaim, node_label_key,
-};
+use steward_api::{PodRef, Reservation, ReservationSpec, SlotClaim, node_label_key};
 use steward_leader::{ControllerConfig, run};
 use tokio_util::sync::CancellationToken;
 
@@ -92,16 +90,17 @@ async fn agents_selecting_by_node_labels_see_what_their_shared_instance_needs() 
         .await
         .unwrap();
 
-    // The other slot reserved for a pod bound for node-b, written without
-    // labels (as a controller before them did): the leader labels it, and
-    // node-a keeps that slot from its kubelet.
-    let free = [0, 1]
-        .iter()
-        .map(|i| format!("{name}-{i}"))
-        .find(|s| *s != taken)
-        .unwrap();
-    // Its pod, pending (the leader cancels a decided Reservation whose
-    // pod it does not see).
+    // The other slot reserved for a pod bound for node-b, asked for
+    // without labels (as the extender's API path asks): the leader decides
+    // it in a second write, labels it, and node-a keeps that slot from its
+    // kubelet.
+    //
+    // Its pod, pending. The decision is left to the leader: a status
+    // written here could reach the leader's Reservation watch before the
+    // pod reaches its Pod watch (two watches, not ordered between them),
+    // and to the leader, which decides only for pods it has seen, a decided
+    // Reservation whose pod it does not see is one whose pod is gone: it
+    // cancels it. An undecided one waits for its pod's first event.
     let pending: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "elsewhere", "namespace": namespace},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
@@ -127,50 +126,39 @@ async fn agents_selecting_by_node_labels_see_what_their_shared_instance_needs() 
             cancel: None,
         },
     );
-    let mut r = reservations
+    let r = reservations
         .create(&PostParams::default(), &r)
         .await
         .unwrap();
     assert_eq!(r.metadata.labels, None);
-    r.status = Some(ReservationStatus {
-        phase: "Reserved".into(),
-        node: Some("node-b".into()),
-        slots: vec![free.clone()],
-        observed_generation: r.metadata.generation,
-        ..ReservationStatus::default()
-    });
-    // The leader may decide it first; either way it ends Reserved with
-    // node labels.
-    let _ = reservations
-        .replace_status("elsewhere", &PostParams::default(), &r)
-        .await;
+    // Reserved on node-b, on the slot on-a's claim leaves free (a leader
+    // deciding before its SlotClaim watch showed that claim moves it
+    // there), and labeled with both nodes.
     let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let kept = loop {
         let r = reservations.get("elsewhere").await.unwrap();
-        let reserved = r.status.as_ref().is_some_and(|s| s.phase == "Reserved");
-        if reserved && both.iter().all(|k| labels(&r.metadata).contains_key(k)) {
-            break;
+        let held = r
+            .status
+            .as_ref()
+            .filter(|s| s.phase == "Reserved" && s.node.as_deref() == Some("node-b"))
+            .map(|s| s.slots.clone())
+            .unwrap_or_default();
+        if held.len() == 1
+            && !held.contains(&taken)
+            && both.iter().all(|k| labels(&r.metadata).contains_key(k))
+        {
+            break held[0].clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the leader never labeled the Reservation: {r:?}"
+            "the leader never reserved and labeled the Reservation: {r:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let held = reservations
-        .get("elsewhere")
+    };
+    a.kubelet
+        .wait_for_resource(&res, |s| !s.healthy.contains(&kept), WAIT)
         .await
-        .unwrap()
-        .status
-        .unwrap()
-        .slots;
-    let kept = held[0].clone();
-    if kept != taken {
-        a.kubelet
-            .wait_for_resource(&res, |s| !s.healthy.contains(&kept), WAIT)
-            .await
-            .unwrap();
-    }
+        .unwrap();
 
     reservations
         .delete("elsewhere", &DeleteParams::default())
