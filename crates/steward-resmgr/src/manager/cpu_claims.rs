@@ -80,6 +80,10 @@ impl ResourceManager {
         self.metrics.event("cpu-claim-prepared");
         self.apply_decision(&mut st, &d, None).await;
         self.save(&st);
+        drop(st);
+        // NRI: the moved containers' updates go out now, not with the
+        // next call or read-back
+        self.flush_outbox().await;
         Ok(())
     }
 
@@ -102,6 +106,8 @@ impl ResourceManager {
         self.metrics.event("cpu-claim-unprepared");
         self.apply_decision(&mut st, &d, None).await;
         self.save(&st);
+        drop(st);
+        self.flush_outbox().await;
         Ok(())
     }
 

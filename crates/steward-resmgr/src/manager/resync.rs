@@ -12,7 +12,8 @@ use steward_proto::cri::runtime::v1 as cri;
 use tracing::{debug, error, info, warn};
 
 use super::{
-    Event, ResourceManager, State, cgroups_path_from_info, pod_facts, policy_err, same_cpus,
+    Event, ResourceManager, State, cgroups_path_from_info, claimed_by, pod_facts, policy_err,
+    same_cpus,
 };
 use crate::cache::{
     AssignmentRecord, ContainerRecord, ContainerState, PodRecord, PodState, RequestRecord,
@@ -55,11 +56,16 @@ pub(crate) struct RuntimeListing {
     pub given: Option<GivenStatus>,
 }
 
-/// Per container, the resources the runtime reports and its cgroups path;
-/// per pod, its cgroup parent.
+/// Per container, the resources the runtime reports and its cgroups path,
+/// and the DRA CPU claims its environment names (NRI reports the
+/// environment, with the CDI devices' edits; CRI does not); per pod, its
+/// cgroup parent.
 #[derive(Debug, Default)]
 pub(crate) struct GivenStatus {
     pub containers: BTreeMap<String, (Option<cri::LinuxContainerResources>, Option<String>)>,
+    /// Container id → claim UIDs, as CreateContainer reads them
+    /// (`nri::convert::named_claims`); a container not listed names none.
+    pub named_claims: BTreeMap<String, Vec<String>>,
     pub pod_cgroup_parents: BTreeMap<String, String>,
 }
 
@@ -460,8 +466,60 @@ impl ResourceManager {
         }
     }
 
+    /// The DRA CPU claims a container being adopted runs on: those its
+    /// environment names (`given`: NRI's Synchronize reports it; CRI's
+    /// listing does not, and the CRI proxy's CreateContainer reads no claim
+    /// either), believed as at CreateContainer ([`claimed_by`]: only for
+    /// the pods a claim is reserved for). A container naming a claim it may
+    /// not use already runs and can no longer be refused: it is placed
+    /// without the claim, off the claim's CPUs, and the refusal logged,
+    /// counted and, in cluster mode, reported on the Pod.
+    fn adopted_claims(
+        &self,
+        st: &State,
+        pod: &PodRecord,
+        id: &str,
+        name: &str,
+        given: Option<&GivenStatus>,
+    ) -> Vec<String> {
+        let named = given
+            .and_then(|g| g.named_claims.get(id))
+            .cloned()
+            .unwrap_or_default();
+        if named.is_empty() {
+            return named;
+        }
+        match claimed_by(&st.cache.data().cpu_claims, &pod.uid, named) {
+            Ok(claims) => {
+                info!(container_id = %id, cpu_claims = ?claims,
+                    "a container of CPU claims was created while steward did not decide for it; \
+                     moving it to the claims' CPUs");
+                claims
+            }
+            Err(e) => {
+                warn!(container_id = %id, pod = %pod.name, namespace = %pod.namespace, error = %e,
+                    "a running container names a CPU claim it may not use; placed without it");
+                self.metrics.drift("cpu-claim-refused");
+                if let Some(sink) = self.pod_events.get() {
+                    sink.emit(
+                        steward_kube::pod_ref(&pod.namespace, &pod.name, Some(&pod.uid)),
+                        kube::runtime::events::EventType::Warning,
+                        super::POLICY_DECISION_FAILED,
+                        "Synchronize",
+                        format!(
+                            "container {name:?} runs without the CPU claim it names \
+                             (created while the resource manager did not decide for it): {e}"
+                        ),
+                    );
+                }
+                Vec::new()
+            }
+        }
+    }
+
     /// Take over a container the cache did not know: derive its request from
-    /// what the runtime reports, place it, and update it.
+    /// what the runtime reports (and the claims it names, [`Self::adopted_claims`]),
+    /// place it, and update it.
     async fn adopt(
         &self,
         st: &mut State,
@@ -503,7 +561,8 @@ impl ResourceManager {
             }
         };
         let kubelet = kubelet.unwrap_or_default();
-        let request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
+        let mut request = derive_request(&pod_facts(&pod), &name, &kubelet)?;
+        request.cpu_claims = self.adopted_claims(st, &pod, &c.id, &name, given);
         let (request, decision) = match st.policy.allocate(&request) {
             Ok(d) => (request, d),
             // It runs already: created while steward did not decide for
@@ -557,7 +616,8 @@ impl ResourceManager {
                 seq,
             },
         );
-        info!(container_id = %c.id, cpus = %own.cpus, "adopted a container the cache did not know");
+        info!(container_id = %c.id, cpus = %own.cpus, cpu_claims = ?request.cpu_claims,
+            "adopted a container the cache did not know");
         let r = self
             .push_update(st, &c.id, &ResourcesRecord::from_cri(&resources))
             .await;

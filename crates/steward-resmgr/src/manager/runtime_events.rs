@@ -358,6 +358,7 @@ fn without_removed_pods(listing: &mut RuntimeListing, removed: &RemovedPods) {
     if let Some(given) = listing.given.as_mut() {
         for id in &dropped {
             given.containers.remove(id);
+            given.named_claims.remove(id);
         }
         given
             .pod_cgroup_parents

@@ -36,6 +36,14 @@ pub fn pod_record(p: &nri::PodSandbox) -> PodRecord {
     }
 }
 
+/// The DRA CPU claims (UIDs) a container names: the variables the claims'
+/// CDI devices put into its environment (`devices::claims_in_env`). What
+/// CreateContainer and Synchronize's adoption both read; whether the
+/// container may use them is the manager's (`claimed_by`).
+pub fn named_claims(c: &nri::Container) -> Vec<String> {
+    steward_core::cpu::devices::claims_in_env(c.env.iter().map(String::as_str))
+}
+
 /// The resources the kubelet asked for, in CRI's shape.
 pub fn kubelet_resources(c: &nri::Container) -> cri::LinuxContainerResources {
     let linux = c.linux.as_ref();
@@ -183,6 +191,10 @@ pub(crate) fn listing(pods: &[nri::PodSandbox], containers: &[nri::Container]) -
             given
                 .containers
                 .insert(c.id.clone(), (Some(kubelet_resources(c)), cgroup));
+            let claims = named_claims(c);
+            if !claims.is_empty() {
+                given.named_claims.insert(c.id.clone(), claims);
+            }
             cri::Container {
                 id: c.id.clone(),
                 pod_sandbox_id: c.pod_sandbox_id.clone(),
@@ -306,7 +318,14 @@ mod tests {
             }),
             ..Default::default()
         };
-        let l = listing(&[pod], &[c]);
+        let (k, v) = steward_core::cpu::devices::claim_env("u-1");
+        let with_claim = nri::Container {
+            id: "d".into(),
+            pod_sandbox_id: "p".into(),
+            env: vec!["A=b".into(), format!("{k}={v}")],
+            ..Default::default()
+        };
+        let l = listing(&[pod], &[c, with_claim.clone()]);
         assert_eq!(l.pods[0].id, "p");
         assert_eq!(
             l.containers[0].state,
@@ -317,5 +336,9 @@ mod tests {
         let (res, cgroup) = &given.containers["c"];
         assert_eq!(res.as_ref().unwrap().cpuset_cpus, "0-1");
         assert!(cgroup.is_none());
+        // the claims each names, read as CreateContainer reads them
+        assert_eq!(named_claims(&with_claim), ["u-1"]);
+        assert_eq!(given.named_claims["d"], named_claims(&with_claim));
+        assert!(!given.named_claims.contains_key("c"));
     }
 }

@@ -151,7 +151,7 @@ impl Handler for ResmgrHandler {
                 &c.id,
                 c.name.clone(),
                 kubelet.clone(),
-                steward_core::cpu::devices::claims_in_env(c.env.iter().map(String::as_str)),
+                convert::named_claims(c),
             )
             .await;
         self.note_time(t0.elapsed());

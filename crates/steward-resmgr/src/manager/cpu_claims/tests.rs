@@ -198,3 +198,137 @@ async fn a_restart_keeps_the_claims_and_their_containers() {
     assert_eq!(cpus_of(m, "p2", "c2").await, CpuSet::parse("2-3").unwrap());
     assert_eq!(cpus_of(m, "p1", "c1").await, CpuSet::parse("0-1").unwrap());
 }
+
+/// A pod as Synchronize lists it: its id and its containers, each with the
+/// claims its environment names.
+type Listed<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])]);
+
+/// What Synchronize reports for `pods` (id, each with its running
+/// containers and the claims each one's environment names), through the
+/// NRI conversion CreateContainer's reading shares
+/// (`nri::convert::named_claims`); each container runs on the CPUs
+/// `running` updated it to, else with no cpuset (created unadjusted).
+fn synchronize_listing(
+    pods: &[Listed<'_>],
+    running: &crate::manager::Updates,
+) -> crate::manager::RuntimeListing {
+    use steward_nri::proto::nri;
+    let mut nri_pods = Vec::new();
+    let mut nri_containers = Vec::new();
+    for (p, containers) in pods {
+        nri_pods.push(nri::PodSandbox {
+            id: (*p).into(),
+            uid: format!("uid-{p}"),
+            name: format!("name-{p}"),
+            namespace: "default".into(),
+            ..Default::default()
+        });
+        for (c, claims) in *containers {
+            let mut env = vec!["PATH=/bin".to_owned()];
+            env.extend(claims.iter().map(|uid| {
+                let (k, v) = devices::claim_env(uid);
+                format!("{k}={v}")
+            }));
+            nri_containers.push(nri::Container {
+                id: (*c).into(),
+                pod_sandbox_id: (*p).into(),
+                name: format!("name-{c}"),
+                state: nri::ContainerState::ContainerRunning as i32,
+                env,
+                linux: Some(nri::LinuxContainer {
+                    resources: Some(nri::LinuxResources {
+                        cpu: Some(nri::LinuxCpu {
+                            shares: Some(nri::OptionalUInt64 { value: 256 }),
+                            cpus: running
+                                .iter()
+                                .find(|(id, _)| id == c)
+                                .map(|(_, r)| r.cpuset_cpus.clone())
+                                .unwrap_or_default(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    crate::nri::convert::listing(&nri_pods, &nri_containers)
+}
+
+/// Containers created while the NRI plugin was away (the runtime creates
+/// them unadjusted) are adopted at the next Synchronize: the one whose
+/// environment names a claim reserved for its pod runs on the claim's
+/// CPUs; one naming a claim not reserved for its pod, or not prepared
+/// here, is placed without it (it runs already: it cannot be refused), off
+/// the claim's CPUs. The shared pool keeps off them, and a restart keeps
+/// the adopted container on its claim.
+#[tokio::test]
+async fn a_claims_container_created_while_away_is_adopted_onto_the_claim() {
+    let f = manager().await;
+    let m = &f.manager;
+    create_on(m, pod("p1"), "c1", &[], shared()).await.unwrap();
+    m.prepare_cpu_claim(claim("u1", "2-3", &["p2"]))
+        .await
+        .unwrap();
+    assert_eq!(cpus_of(m, "p1", "c1").await, CpuSet::parse("0-1").unwrap());
+
+    let pods: &[Listed<'_>] = &[
+        ("p1", &[("c1", &[])]),
+        ("p2", &[("c2", &["u1"])]),
+        ("p3", &[("c3", &["u1"])]),
+        ("p4", &[("c4", &["nobody"])]),
+        ("p5", &[("c5", &[])]),
+    ];
+    let s = m
+        .synchronize(synchronize_listing(pods, &Vec::new()))
+        .await
+        .unwrap();
+    assert_eq!(s.report.containers_adopted, ["c2", "c3", "c4", "c5"]);
+
+    let claim_cpus = CpuSet::parse("2-3").unwrap();
+    let a = m.assignments().await[&ContainerKey::new("uid-p2", "name-c2")].clone();
+    assert_eq!(a.cpus, claim_cpus, "{a:?}");
+    assert!(a.exclusive && a.pool == CLAIM_POOL, "{a:?}");
+    let update = |id: &str| {
+        s.updates
+            .iter()
+            .find(|(c, _)| c == id)
+            .map(|(_, r)| CpuSet::parse(&r.cpuset_cpus).unwrap())
+    };
+    assert_eq!(
+        update("c2"),
+        Some(claim_cpus.clone()),
+        "Synchronize's answer moves it: {:?}",
+        s.updates
+    );
+    for (p, c) in [("p1", "c1"), ("p3", "c3"), ("p4", "c4"), ("p5", "c5")] {
+        let cpus = cpus_of(m, p, c).await;
+        assert!(cpus.is_disjoint(&claim_cpus), "{c} on {cpus}");
+        assert!(!cpus.is_empty(), "{c}");
+    }
+    for c in ["c3", "c4", "c5"] {
+        let u = update(c).unwrap_or_else(|| panic!("{c} updated: {:?}", s.updates));
+        assert!(u.is_disjoint(&claim_cpus), "{c} moved to {u}");
+    }
+    let snap = m.snapshot().await;
+    assert_eq!(snap.containers["c2"].request.cpu_claims, ["u1"]);
+    for c in ["c3", "c4"] {
+        assert!(snap.containers[c].request.cpu_claims.is_empty(), "{c}");
+    }
+    assert_eq!(m.metrics().drift_count("cpu-claim-refused"), 2);
+
+    // Once the runtime applied the answer, a Synchronize again changes
+    // nothing; a restart keeps the container on its claim.
+    let again = m
+        .synchronize(synchronize_listing(pods, &s.updates))
+        .await
+        .unwrap();
+    assert!(again.report.is_clean(), "{again:?}");
+    assert!(again.updates.is_empty(), "{again:?}");
+    let dir = f._dir;
+    drop(f.manager);
+    let g = manager_in(dir).await;
+    assert_eq!(cpus_of(&g.manager, "p2", "c2").await, claim_cpus);
+}
